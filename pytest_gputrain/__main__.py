@@ -1,0 +1,3 @@
+from pytest_gputrain.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,194 @@
+"""``python -m pytest_gputrain``: replay recorded facts, list and explain the rules.
+
+    python -m pytest_gputrain replay facts.json [--format text|json|md] [--fail-on error]
+    python -m pytest_gputrain rules [--scope device]
+    python -m pytest_gputrain explain GT007
+    python -m pytest_gputrain facts [--scope session]
+    python -m pytest_gputrain schema
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+from tabulate import tabulate
+
+from pytest_gputrain.engine.config import SettingError, build_config
+from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rules import SCOPES, RuleFileError
+from pytest_gputrain.facts import FactsFile
+
+
+class CliError(Exception):
+    pass
+
+
+def _engine(args: argparse.Namespace) -> RuleEngine:
+    try:
+        config = build_config(select=args.select, ignore=args.ignore, severity=args.severity,
+                              params=args.rule_param, rules_dirs=args.rules_dir)
+        return RuleEngine.load(config)
+    except (RuleFileError, SettingError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def load_facts(path: Path) -> FactsFile:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: cannot be read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("kind") != "pytest-gputrain-facts":
+        raise CliError(f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out)")
+    if data.get("schema_version") != 1:
+        raise CliError(f"{path}: facts schema version {data.get('schema_version')!r} is not "
+                       "supported by this version (expected 1)")
+    try:
+        return FactsFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CliError(f"{path}: invalid facts at {where}: {first['msg']} "
+                       f"({exc.error_count()} problem(s))") from None
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pytest_gputrain.report.markdown import report_markdown
+    from pytest_gputrain.report.model import build_report, fails, report_json
+    from pytest_gputrain.report.terminal import findings_lines, header_lines
+
+    facts = load_facts(Path(args.path))
+    engine = _engine(args)
+    findings = engine.evaluate_environment(facts.environment)
+    replay_runs = getattr(engine, "evaluate_recorded_runs", None)
+    if replay_runs is not None:
+        findings = replay_runs(facts, findings)
+    if args.format == "json":
+        sys.stdout.write(report_json(build_report(facts.environment, findings, args.fail_on)))
+    elif args.format == "md":
+        sys.stdout.write(report_markdown(build_report(facts.environment, findings, args.fail_on)))
+    else:
+        print("\n".join(header_lines(facts.environment)))
+        print()
+        print("\n".join(findings_lines(findings, verbose=args.verbose)))
+    return 1 if fails(findings, args.fail_on) else 0
+
+
+def cmd_rules(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    rows = [(r.code, r.name, r.scope, r.severity, r.title) for r in engine.rules
+            if args.scope in (None, r.scope)]
+    print(tabulate(rows, headers=("code", "name", "scope", "severity", "title")))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    code = args.code.upper()
+    rule = next((r for r in engine.rules if r.code == code or r.name == args.code), None)
+    if rule is None:
+        raise CliError(f"no rule {args.code!r}; `python -m pytest_gputrain rules` lists them")
+    out = [f"{rule.code} {rule.name}: {rule.title}",
+           f"scope: {rule.scope}    severity: {rule.severity}    file: {rule.path}", ""]
+
+    def section(title: str, body: str) -> None:
+        out.extend([f"## {title}", textwrap.dedent(body).strip(), ""])
+
+    section("What it checks", rule.condition.source)
+    section("Why is this bad", rule.why)
+    if "example" in rule.docs:
+        section("Example", rule.docs["example"])
+    if "use_instead" in rule.docs:
+        section("Use instead", rule.docs["use_instead"])
+    section("Fix", rule.fix.source)
+    if rule.params:
+        body = "\n".join(f"{k} = {v!r}   (gpu_rule_params = {rule.code}.{k}=VALUE)"
+                         for k, v in rule.params.items())
+        if "options" in rule.docs:
+            body += "\n\n" + rule.docs["options"]
+        section("Options", body)
+    if "notes" in rule.docs:
+        section("Notes", rule.docs["notes"])
+    if rule.references:
+        section("References", "\n".join(f"- {ref}" for ref in rule.references))
+    print("\n".join(out).rstrip())
+    return 0
+
+
+def cmd_facts(args: argparse.Namespace) -> int:
+    from pytest_gputrain.engine.vocabulary import scope_names
+    from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts, device_namespace
+
+    if args.scope in ("session", "device"):
+        names = device_namespace(EnvironmentFacts(), DeviceFacts())
+        rows = [(name, unit or "") for name, (_, unit, _) in sorted(names.items())
+                if name in scope_names(args.scope)]
+    else:
+        rows = [(name, "") for name in sorted(scope_names(args.scope))]
+    print(tabulate(rows, headers=("fact", "unit")))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from pytest_gputrain.report.model import report_schema
+
+    print(json.dumps(report_schema(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pytest_gputrain",
+                                     description="pytest-gputrain rule engine tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def rule_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--select", action="append", help="rule codes or prefixes to run")
+        p.add_argument("--ignore", action="append", help="rule codes or prefixes to skip")
+        p.add_argument("--severity", action="append", metavar="CODE=LEVEL")
+        p.add_argument("--rule-param", action="append", metavar="CODE.PARAM=VALUE")
+        p.add_argument("--rules-dir", action="append", metavar="DIR", help="extra rule folder")
+
+    replay = sub.add_parser("replay", help="run the rules on facts recorded by --gpu-facts-out")
+    replay.add_argument("path")
+    replay.add_argument("--format", choices=("text", "json", "md"), default="text")
+    replay.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
+    rule_options(replay)
+    replay.set_defaults(func=cmd_replay)
+
+    rules = sub.add_parser("rules", help="list the rule catalogue")
+    rules.add_argument("--scope", choices=SCOPES)
+    rule_options(rules)
+    rules.set_defaults(func=cmd_rules)
+
+    explain = sub.add_parser("explain", help="print one rule's documentation")
+    explain.add_argument("code")
+    rule_options(explain)
+    explain.set_defaults(func=cmd_explain)
+
+    facts = sub.add_parser("facts", help="list the fact names rules can use")
+    facts.add_argument("--scope", choices=SCOPES, default="device")
+    facts.set_defaults(func=cmd_facts)
+
+    schema = sub.add_parser("schema", help="print the JSON schema of --gpu-report .json files")
+    schema.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,378 @@
+"""Every NVML call goes through here.
+
+NVML is initialised lazily, once per process, and every call is wrapped so that an error never
+reaches pytest: NotSupported, NoPermission, a missing library or a GPU that fell off the bus all
+become a ``Reading`` with no value and a reason. Module ``pynvml`` comes from nvidia-ml-py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_gputrain.facts import DeviceFacts, DeviceSample, GpuProcess, NvmlFacts
+
+# NVML clock event (throttle) reason bits: nvml.h, nvmlClocksEventReason*.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+_COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The outcome of one NVML call: a value, or why there is none."""
+
+    value: Any = None
+    error: str | None = None
+    lost: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Nvml:
+    """A lazily initialised NVML session (one per process, see ``shared()``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._module: Any = None
+        self.reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        self._ensure()
+        return self._module is not None
+
+    def _ensure(self) -> None:
+        if self._initialised:
+            return
+        with self._lock:
+            if self._initialised:
+                return
+            try:
+                import pynvml
+            except ImportError as exc:
+                self.reason = f"the NVML bindings (nvidia-ml-py, module pynvml) are missing: {exc}"
+            else:
+                try:
+                    pynvml.nvmlInit()
+                except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+                    self.reason = _describe_init_error(exc)
+                else:
+                    self._module = pynvml
+            self._initialised = True
+
+    def call(self, name: str, *args: Any) -> Reading:
+        """Call ``pynvml.<name>(*args)``; never raises."""
+        self._ensure()
+        if self._module is None:
+            return Reading(error=self.reason or "NVML not available")
+        function: Callable[..., Any] | None = getattr(self._module, name, None)
+        if function is None:
+            return Reading(error=f"{name} is not in this nvidia-ml-py version")
+        try:
+            return Reading(value=function(*args))
+        except Exception as exc:
+            text = _error_text(exc)
+            return Reading(error=text, lost="lost" in text.lower())
+
+    def first(self, names: tuple[str, ...], *args: Any) -> Reading:
+        """Try each name in turn (NVML renamed some calls); return the first that answers."""
+        reading = Reading(error="no call tried")
+        for name in names:
+            reading = self.call(name, *args)
+            if reading.ok or "not in this nvidia-ml-py" not in (reading.error or ""):
+                return reading
+        return reading
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.replace("NVML_ERROR_", "").strip()
+
+
+def _describe_init_error(exc: BaseException) -> str:
+    text = _error_text(exc)
+    lowered = text.lower()
+    if "library not found" in lowered or "libnvidia-ml" in lowered:
+        return f"the NVIDIA driver is not installed (libnvidia-ml.so not found): {text}"
+    if "driver not loaded" in lowered:
+        return f"the NVIDIA kernel driver is not loaded: {text}"
+    return f"NVML failed to initialise: {text}"
+
+
+_shared: Nvml | None = None
+_shared_lock = threading.Lock()
+
+
+def shared() -> Nvml:
+    """The process-wide NVML session."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Nvml()
+        return _shared
+
+
+def _decode(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _cuda_version_text(value: int) -> str:
+    # NVML gives the driver's CUDA as 1000 * major + 10 * minor.
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+def read_system(nvml: Nvml | None = None) -> NvmlFacts:
+    nvml = nvml or shared()
+    facts = NvmlFacts()
+    if not nvml.available:
+        facts.reason = nvml.reason
+        for field in ("driver_version", "cuda_driver_version", "nvml_version", "device_count"):
+            facts.mark_unknown(field, nvml.reason or "NVML not available")
+        return facts
+    facts.available = True
+    _set(facts, "driver_version", nvml.call("nvmlSystemGetDriverVersion"), _decode)
+    _set(facts, "nvml_version", nvml.call("nvmlSystemGetNVMLVersion"), _decode)
+    _set(
+        facts,
+        "cuda_driver_version",
+        nvml.first(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")),
+        _cuda_version_text,
+    )
+    _set(facts, "device_count", nvml.call("nvmlDeviceGetCount"), int)
+    return facts
+
+
+def _set(group: Any, field: str, reading: Reading, convert: Callable[[Any], Any] = lambda v: v
+         ) -> None:
+    if reading.ok:
+        try:
+            setattr(group, field, convert(reading.value))
+            return
+        except Exception as exc:
+            group.mark_unknown(field, f"unexpected value {reading.value!r}: {exc}")
+            return
+    group.mark_unknown(field, reading.error or "unknown")
+
+
+def read_device(index: int, own_pids: set[int] | None = None, nvml: Nvml | None = None
+                ) -> DeviceFacts:
+    """Everything the device rules need about one GPU (NVML index)."""
+    nvml = nvml or shared()
+    own_pids = own_pids if own_pids is not None else own_process_ids()
+    facts = DeviceFacts(index=index)
+    handle_reading = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    if not handle_reading.ok:
+        facts.lost = handle_reading.lost
+        for field in ("name", "memory_total", "memory_used", "compute_capability"):
+            facts.mark_unknown(field, handle_reading.error or "no handle")
+        return facts
+    handle = handle_reading.value
+
+    _set(facts, "name", nvml.call("nvmlDeviceGetName", handle), _decode)
+    _set(facts, "uuid", nvml.call("nvmlDeviceGetUUID", handle), _decode)
+    _set(facts, "pci_bus_id", nvml.call("nvmlDeviceGetPciInfo", handle),
+         lambda v: _decode(v.busId))
+    _set(facts, "compute_capability", nvml.call("nvmlDeviceGetCudaComputeCapability", handle),
+         lambda v: f"{v[0]}.{v[1]}")
+    memory = nvml.call("nvmlDeviceGetMemoryInfo", handle)
+    _set(facts, "memory_total", memory, lambda v: int(v.total))
+    _set(facts, "memory_used", memory, lambda v: int(v.used))
+    _set(facts, "memory_free", memory, lambda v: int(v.free))
+    _set(facts, "temperature", nvml.call("nvmlDeviceGetTemperature", handle, 0), float)
+    _set(facts, "temperature_slowdown",
+         nvml.call("nvmlDeviceGetTemperatureThreshold", handle, 1), float)
+    _set(facts, "power_draw", nvml.call("nvmlDeviceGetPowerUsage", handle), lambda v: v / 1000)
+    _set(facts, "power_limit", nvml.call("nvmlDeviceGetEnforcedPowerLimit", handle),
+         lambda v: v / 1000)
+    _set(facts, "utilization_gpu", nvml.call("nvmlDeviceGetUtilizationRates", handle),
+         lambda v: float(v.gpu))
+    _set(facts, "sm_clock", nvml.call("nvmlDeviceGetClockInfo", handle, 1), float)
+    _set(facts, "sm_clock_max", nvml.call("nvmlDeviceGetMaxClockInfo", handle, 1), float)
+    _set_clock_events(facts, nvml.first(
+        ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        handle))
+    _set(facts, "pcie_gen", nvml.call("nvmlDeviceGetCurrPcieLinkGeneration", handle), int)
+    _set(facts, "pcie_gen_max", nvml.call("nvmlDeviceGetMaxPcieLinkGeneration", handle), int)
+    _set(facts, "pcie_width", nvml.call("nvmlDeviceGetCurrPcieLinkWidth", handle), int)
+    _set(facts, "pcie_width_max", nvml.call("nvmlDeviceGetMaxPcieLinkWidth", handle), int)
+    _set(facts, "ecc_enabled", nvml.call("nvmlDeviceGetEccMode", handle), lambda v: bool(v[0]))
+    # MEMORY_ERROR_TYPE_UNCORRECTED = 1, VOLATILE_ECC = 0 (since driver load).
+    _set(facts, "ecc_uncorrected_volatile",
+         nvml.call("nvmlDeviceGetTotalEccErrors", handle, 1, 0), int)
+    _set(facts, "retired_pages_pending",
+         nvml.call("nvmlDeviceGetRetiredPagesPendingStatus", handle), lambda v: bool(v))
+    _set_retired_pages(facts, nvml, handle)
+    remapped = nvml.call("nvmlDeviceGetRemappedRows", handle)
+    # (correctable rows, uncorrectable rows, is pending, failure occurred)
+    _set(facts, "remapped_rows_pending", remapped, lambda v: bool(v[2]))
+    _set(facts, "remapped_rows_failed", remapped, lambda v: bool(v[3]))
+    _set(facts, "compute_mode", nvml.call("nvmlDeviceGetComputeMode", handle),
+         lambda v: _COMPUTE_MODES[int(v)])
+    _set(facts, "mig_enabled", nvml.call("nvmlDeviceGetMigMode", handle), lambda v: bool(v[0]))
+    _set(facts, "persistence_mode", nvml.call("nvmlDeviceGetPersistenceMode", handle),
+         lambda v: bool(v))
+    _set_processes(facts, nvml, handle, own_pids)
+    facts.lost = any("lost" in reason.lower() for reason in facts.unknown.values())
+    return facts
+
+
+def _set_clock_events(facts: DeviceFacts, reading: Reading) -> None:
+    names = ("throttle_reasons", "throttle_sw_power_cap", "throttle_hw_slowdown",
+             "throttle_sw_thermal", "throttle_hw_thermal", "throttle_hw_power_brake")
+    if not reading.ok:
+        facts.mark_unknown("clock_event_reasons", reading.error or "unknown")
+        for name in names:
+            facts.mark_unknown(name, reading.error or "unknown")
+        return
+    mask = int(reading.value)
+    facts.clock_event_reasons = mask
+    facts.throttle_reasons = decode_clock_events(mask)
+    facts.throttle_sw_power_cap = bool(mask & 0x4)
+    facts.throttle_hw_slowdown = bool(mask & 0x8)
+    facts.throttle_sw_thermal = bool(mask & 0x20)
+    facts.throttle_hw_thermal = bool(mask & 0x40)
+    facts.throttle_hw_power_brake = bool(mask & 0x80)
+
+
+def decode_clock_events(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+def _set_retired_pages(facts: DeviceFacts, nvml: Nvml, handle: Any) -> None:
+    total = 0
+    # PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0, DOUBLE_BIT_ECC_ERROR = 1
+    for cause in (0, 1):
+        reading = nvml.call("nvmlDeviceGetRetiredPages", handle, cause)
+        if not reading.ok:
+            facts.mark_unknown("retired_pages", reading.error or "unknown")
+            return
+        total += len(reading.value)
+    facts.retired_pages = total
+
+
+def _set_processes(facts: DeviceFacts, nvml: Nvml, handle: Any, own_pids: set[int]) -> None:
+    reading = nvml.first(("nvmlDeviceGetComputeRunningProcesses_v3",
+                          "nvmlDeviceGetComputeRunningProcesses"), handle)
+    if not reading.ok:
+        for field in ("processes", "other_process_count", "other_process_memory"):
+            facts.mark_unknown(field, reading.error or "unknown")
+        return
+    processes = []
+    for info in reading.value:
+        used = getattr(info, "usedGpuMemory", None)
+        processes.append(GpuProcess(
+            pid=int(info.pid),
+            name=_process_name(int(info.pid)),
+            used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
+            own=int(info.pid) in own_pids,
+        ))
+    facts.processes = processes
+    others = [p for p in processes if not p.own]
+    facts.other_process_count = len(others)
+    facts.other_process_memory = sum(p.used_memory or 0 for p in others)
+
+
+def _process_name(pid: int) -> str | None:
+    try:
+        import psutil
+
+        return str(psutil.Process(pid).name())
+    except Exception:
+        return None  # another PID namespace, or the process ended
+
+
+def own_process_ids() -> set[int]:
+    """This process, its parent chain up to pytest's controller, and its children (xdist)."""
+    pids = {os.getpid()}
+    try:
+        import psutil
+
+        me = psutil.Process()
+        pids.update(child.pid for child in me.children(recursive=True))
+        parent = me.parent()
+        # An xdist worker's parent is the controller; its siblings are the other workers.
+        if parent is not None and os.environ.get("PYTEST_XDIST_WORKER"):
+            pids.add(parent.pid)
+            pids.update(child.pid for child in parent.children(recursive=True))
+    except Exception:
+        pass
+    return pids
+
+
+def read_sample(index: int, nvml: Nvml | None = None) -> DeviceSample | None:
+    """One cheap sample of a GPU's state (for samplers); None when NVML cannot answer."""
+    nvml = nvml or shared()
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    if not handle.ok:
+        return None
+    h = handle.value
+    util = nvml.call("nvmlDeviceGetUtilizationRates", h)
+    memory = nvml.call("nvmlDeviceGetMemoryInfo", h)
+    power = nvml.call("nvmlDeviceGetPowerUsage", h)
+    temperature = nvml.call("nvmlDeviceGetTemperature", h, 0)
+    clock = nvml.call("nvmlDeviceGetClockInfo", h, 1)
+    reasons = nvml.first(("nvmlDeviceGetCurrentClocksEventReasons",
+                          "nvmlDeviceGetCurrentClocksThrottleReasons"), h)
+    return DeviceSample(
+        utilization_gpu=float(util.value.gpu) if util.ok else None,
+        memory_used=int(memory.value.used) if memory.ok else None,
+        power_draw=power.value / 1000 if power.ok else None,
+        temperature=float(temperature.value) if temperature.ok else None,
+        sm_clock=float(clock.value) if clock.ok else None,
+        clock_event_reasons=int(reasons.value) if reasons.ok else None,
+    )
+
+
+def index_for_uuid(uuid: str, nvml: Nvml | None = None) -> int | None:
+    """NVML index of the GPU with this UUID (torch reports UUIDs for its cuda:N devices)."""
+    nvml = nvml or shared()
+    count = nvml.call("nvmlDeviceGetCount")
+    if not count.ok:
+        return None
+    wanted = uuid.removeprefix("GPU-")
+    for index in range(int(count.value)):
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+        if not handle.ok:
+            continue
+        found = nvml.call("nvmlDeviceGetUUID", handle.value)
+        if found.ok and _decode(found.value).removeprefix("GPU-") == wanted:
+            return index
+    return None
+
+
+def index_for_cuda_device(cuda_index: int) -> int | None:
+    """NVML index of torch's ``cuda:<cuda_index>``, honouring CUDA_VISIBLE_DEVICES."""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+    except Exception:
+        uuid = ""
+    if uuid:
+        found = index_for_uuid(uuid)
+        if found is not None:
+            return found
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return cuda_index
+    entries = [item.strip() for item in visible.split(",") if item.strip()]
+    if cuda_index < len(entries) and entries[cuda_index].isdigit():
+        return int(entries[cuda_index])
+    return None

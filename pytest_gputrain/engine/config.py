@@ -1,0 +1,150 @@
+"""How a project tunes the rules: select/ignore codes, severities, params, extra rule folders.
+
+Settings come from the command line or the ini file (pytest.ini / pyproject.toml / tox.ini):
+
+    gpu_select = GT0            # code prefixes, as linters do ("GT" = all)
+    gpu_ignore = GT014 GT013
+    gpu_severity = GT008=error
+    gpu_rule_params = GT016.min_shm=1GiB  GT007.min_memory=2GiB
+    gpu_rules_dirs = ci/gpu-rules
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_gputrain.engine.rules import CODE_RE, Rule, RuleFileError
+from pytest_gputrain.findings import SEVERITY_RANK
+from pytest_gputrain.units import parse_percent, parse_size
+
+
+class SettingError(ValueError):
+    """A rule setting from the command line or ini file is malformed."""
+
+
+@dataclass
+class RuleConfig:
+    select: list[str] = field(default_factory=lambda: ["GT"])
+    ignore: list[str] = field(default_factory=list)
+    severity: dict[str, str] = field(default_factory=dict)
+    params: dict[str, dict[str, str]] = field(default_factory=dict)
+    extra_dirs: list[Path] = field(default_factory=list)
+
+    def enabled(self, code: str) -> bool:
+        chosen = max((len(p) for p in self.select if code.startswith(p)), default=-1)
+        dropped = max((len(p) for p in self.ignore if code.startswith(p)), default=-1)
+        # The more specific prefix wins, as in ruff: select GT0 + ignore GT007 keeps GT001.
+        return chosen >= 0 and chosen > dropped
+
+
+def split_words(values: list[str] | str | None) -> list[str]:
+    """Ini values may be comma or whitespace separated, and repeated on the command line."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    words: list[str] = []
+    for value in values:
+        words.extend(word for word in value.replace(",", " ").split() if word)
+    return words
+
+
+def _check_prefix(setting: str, prefix: str) -> str:
+    prefix = prefix.strip().upper()
+    if prefix == "ALL":
+        return ""
+    if not prefix or not prefix[:2].isalpha() or not prefix.isalnum():
+        raise SettingError(
+            f"{setting}: {prefix!r} is not a rule code or code prefix (e.g. GT007 or GT0)"
+        )
+    return prefix
+
+
+def build_config(
+    select: list[str] | str | None = None,
+    ignore: list[str] | str | None = None,
+    severity: list[str] | str | None = None,
+    params: list[str] | str | None = None,
+    rules_dirs: list[str] | str | None = None,
+    base_dir: Path | None = None,
+) -> RuleConfig:
+    config = RuleConfig()
+    selected = split_words(select)
+    if selected:
+        config.select = [_check_prefix("gpu_select", p) for p in selected]
+    config.ignore = [_check_prefix("gpu_ignore", p) for p in split_words(ignore)]
+    for item in split_words(severity):
+        code, sep, level = item.partition("=")
+        code, level = code.strip().upper(), level.strip().lower()
+        if not sep or not CODE_RE.match(code) or level not in SEVERITY_RANK:
+            raise SettingError(
+                f"gpu_severity: {item!r} must be CODE=LEVEL with LEVEL info, warning or error "
+                "(e.g. GT008=error)"
+            )
+        config.severity[code] = level
+    for item in split_words(params):
+        target, sep, value = item.partition("=")
+        code, dot, name = target.partition(".")
+        code = code.strip().upper()
+        if not sep or not dot or not CODE_RE.match(code) or not name.strip():
+            raise SettingError(
+                f"gpu_rule_params: {item!r} must be CODE.PARAM=VALUE (e.g. GT016.min_shm=1GiB)"
+            )
+        config.params.setdefault(code, {})[name.strip()] = value.strip()
+    for folder in split_words(rules_dirs):
+        path = Path(folder)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        config.extra_dirs.append(path)
+    return config
+
+
+def coerce_param(rule: Rule, name: str, text: str) -> Any:
+    """Give an overriding value the type of the rule's default (sizes and percents allowed)."""
+    if name not in rule.params:
+        known = ", ".join(sorted(rule.params)) or "none"
+        raise SettingError(
+            f"gpu_rule_params: {rule.code} has no parameter {name!r} (its parameters: {known})"
+        )
+    default = rule.params[name]
+    try:
+        if isinstance(default, bool):
+            lowered = text.lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"{text!r} is not a boolean (true or false)")
+            return lowered in ("true", "1", "yes")
+        if isinstance(default, int):
+            return int(text) if text.lstrip("-").isdigit() else parse_size(text)
+        if isinstance(default, float):
+            return parse_percent(text) if text.endswith("%") else float(text)
+        return text
+    except ValueError as exc:
+        raise SettingError(
+            f"gpu_rule_params: {rule.code}.{name}={text!r}: {exc} (default is {default!r})"
+        ) from None
+
+
+def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
+    """Check the settings against the loaded rules; return the enabled rules with overrides."""
+    from dataclasses import replace
+
+    by_code = {rule.code: rule for rule in rules}
+    for setting, codes in (("gpu_severity", config.severity), ("gpu_rule_params", config.params)):
+        for code in codes:
+            if code not in by_code:
+                raise SettingError(f"{setting}: no rule with code {code}")
+    result = []
+    for rule in rules:
+        if not config.enabled(rule.code):
+            continue
+        params = dict(rule.params)
+        for name, text in config.params.get(rule.code, {}).items():
+            params[name] = coerce_param(rule, name, text)
+        result.append(replace(rule, severity=config.severity.get(rule.code, rule.severity),
+                              params=params))
+    return result
+
+
+__all__ = ["RuleConfig", "RuleFileError", "SettingError", "apply_config", "build_config"]

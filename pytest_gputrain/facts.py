@@ -1,0 +1,241 @@
+"""Facts: the one vocabulary between measuring (collect/) and judging (engine/, rules/).
+
+Every fact is a typed field with a unit and a description. ``None`` is the legal "unknown" value,
+and the model's ``unknown`` mapping says *why* a field is unknown ("NotSupported", "no driver",
+...). Facts serialise to JSON, so a run recorded on a GPU host replays through the rules anywhere.
+
+Rules address facts by dotted names (``device.memory_used``, ``torch.cuda_version``); see
+``namespace`` below for how a fact set becomes those names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
+
+
+def fact(unit: str | None = None, doc: str = "", default: Any = None) -> Any:
+    """A fact field: unknown (``None``) by default, with its unit recorded in the JSON schema."""
+    extra = {"unit": unit} if unit else None
+    return Field(default=default, description=doc, json_schema_extra=extra)
+
+
+class FactGroup(BaseModel):
+    """A group of facts; ``unknown`` maps a field name to why that field has no value."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    unknown: dict[str, str] = Field(default_factory=dict, description="field -> why unknown")
+
+    def mark_unknown(self, field: str, reason: str) -> None:
+        setattr(self, field, None)
+        self.unknown[field] = reason
+
+    @classmethod
+    def unit_of(cls, field: str) -> str | None:
+        info = cls.model_fields.get(field)
+        extra = info.json_schema_extra if info else None
+        if isinstance(extra, dict):
+            unit = extra.get("unit")
+            return unit if isinstance(unit, str) else None
+        return None
+
+
+class NvmlFacts(FactGroup):
+    available: bool = fact(doc="NVML initialised and answered", default=False)
+    reason: str | None = fact(doc="why NVML is not available (library missing, no driver, ...)")
+    driver_version: str | None = fact(doc="NVIDIA driver version, e.g. 580.159.04")
+    cuda_driver_version: str | None = fact(doc="highest CUDA version the driver supports, '13.0'")
+    nvml_version: str | None = fact(doc="NVML library version")
+    device_count: int | None = fact(doc="GPUs NVML sees (ignores CUDA_VISIBLE_DEVICES)")
+
+
+class GpuProcess(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    name: str | None = None
+    used_memory: int | None = fact("bytes", "GPU memory held by the process")
+    own: bool = fact(doc="this test session's process (or one of its children)", default=False)
+
+
+class DeviceFacts(FactGroup):
+    index: int = fact(doc="NVML index (physical order, not CUDA_VISIBLE_DEVICES order)", default=0)
+    torch_index: int | None = fact(doc="index as torch numbers it (cuda:N), if visible to torch")
+    name: str | None = fact(doc="product name")
+    uuid: str | None = fact(doc="GPU UUID")
+    pci_bus_id: str | None = fact(doc="PCI bus id")
+    lost: bool = fact(doc="the GPU fell off the bus / stopped answering", default=False)
+    compute_capability: str | None = fact(doc="compute capability, '9.0'")
+    memory_total: int | None = fact("bytes", "total device memory")
+    memory_used: int | None = fact("bytes", "device memory in use (all processes)")
+    memory_free: int | None = fact("bytes", "device memory free")
+    temperature: float | None = fact("°C", "GPU core temperature")
+    temperature_slowdown: float | None = fact("°C", "temperature at which the GPU slows down")
+    power_draw: float | None = fact("W", "power draw")
+    power_limit: float | None = fact("W", "enforced power limit")
+    utilization_gpu: float | None = fact("%", "time with a kernel running, last sample period")
+    sm_clock: float | None = fact("MHz", "current SM clock")
+    sm_clock_max: float | None = fact("MHz", "maximum SM clock")
+    clock_event_reasons: int | None = fact(doc="NVML clock event (throttle) reason bitmask")
+    throttle_reasons: list[str] | None = fact(doc="decoded active clock event reasons")
+    throttle_sw_power_cap: bool | None = fact(doc="clocks held down by the software power cap")
+    throttle_hw_slowdown: bool | None = fact(doc="hardware slowdown (power brake or overheating)")
+    throttle_sw_thermal: bool | None = fact(doc="software thermal slowdown")
+    throttle_hw_thermal: bool | None = fact(doc="hardware thermal slowdown")
+    throttle_hw_power_brake: bool | None = fact(doc="hardware power brake (external signal)")
+    pcie_gen: int | None = fact(doc="current PCIe link generation")
+    pcie_gen_max: int | None = fact(doc="maximum PCIe generation of GPU and slot together")
+    pcie_width: int | None = fact("lanes", "current PCIe link width")
+    pcie_width_max: int | None = fact("lanes", "maximum PCIe link width")
+    ecc_enabled: bool | None = fact(doc="ECC mode on")
+    ecc_uncorrected_volatile: int | None = fact(doc="uncorrectable ECC errors since driver load")
+    retired_pages: int | None = fact(doc="pages retired for ECC errors (older GPUs)")
+    retired_pages_pending: bool | None = fact(doc="a page retirement waits for a GPU reset")
+    remapped_rows_pending: bool | None = fact(doc="a row remap waits for a GPU reset")
+    remapped_rows_failed: bool | None = fact(doc="a row remap failed")
+    compute_mode: ComputeMode | None = fact(doc="compute mode")
+    mig_enabled: bool | None = fact(doc="MIG mode on")
+    persistence_mode: bool | None = fact(doc="persistence mode on")
+    processes: list[GpuProcess] | None = fact(doc="compute processes on the GPU")
+    other_process_count: int | None = fact(doc="compute processes other than this session's")
+    other_process_memory: int | None = fact("bytes", "memory held by other processes")
+
+
+class DeviceSample(BaseModel):
+    """One timed NVML sample of a GPU, taken by samplers (cheap: six NVML calls)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    t: float = fact("s", "seconds since the sampler started", default=0.0)
+    utilization_gpu: float | None = fact("%", "time with a kernel running")
+    memory_used: int | None = fact("bytes", "device memory in use")
+    power_draw: float | None = fact("W", "power draw")
+    temperature: float | None = fact("°C", "GPU temperature")
+    sm_clock: float | None = fact("MHz", "SM clock")
+    clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask")
+
+
+class TorchFacts(FactGroup):
+    installed: bool = fact(doc="torch importable", default=False)
+    reason: str | None = fact(doc="why torch could not be imported")
+    version: str | None = fact(doc="torch version")
+    cuda_version: str | None = fact(doc="CUDA runtime torch was built with; None on CPU builds")
+    hip_version: str | None = fact(doc="ROCm/HIP version for ROCm builds")
+    cuda_available: bool | None = fact(doc="torch.cuda.is_available()")
+    cuda_init_error: str | None = fact(doc="what torch said when CUDA did not initialise")
+    device_count: int | None = fact(doc="devices torch sees (after CUDA_VISIBLE_DEVICES)")
+    arch_list: list[str] | None = fact(doc="architectures the build has kernels for, sm_90 ...")
+    cudnn_version: int | None = fact(doc="cuDNN version, e.g. 91002")
+    cudnn_enabled: bool | None = fact(doc="torch.backends.cudnn.enabled")
+    cudnn_benchmark: bool | None = fact(doc="torch.backends.cudnn.benchmark")
+    cudnn_deterministic: bool | None = fact(doc="torch.backends.cudnn.deterministic")
+    deterministic_algorithms: bool | None = fact(doc="torch.are_deterministic_algorithms_enabled")
+    anomaly_detection: bool | None = fact(doc="torch.is_anomaly_enabled()")
+    tf32_matmul: bool | None = fact(doc="torch.backends.cuda.matmul.allow_tf32")
+    float32_matmul_precision: str | None = fact(doc="torch.get_float32_matmul_precision()")
+    bf16_supported: bool | None = fact(doc="torch.cuda.is_bf16_supported() on cuda:0")
+    nccl_version: str | None = fact(doc="NCCL version torch bundles")
+
+
+class HostFacts(FactGroup):
+    os: str | None = fact(doc="operating system and kernel")
+    python_version: str | None = fact(doc="Python version")
+    cpu_count_logical: int | None = fact("CPUs", "logical CPUs")
+    cpu_count_physical: int | None = fact("CPUs", "physical cores")
+    cpu_affinity_count: int | None = fact("CPUs", "CPUs this process may run on")
+    memory_total: int | None = fact("bytes", "host RAM")
+    memory_available: int | None = fact("bytes", "host RAM available")
+    shm_total: int | None = fact("bytes", "size of /dev/shm")
+    shm_free: int | None = fact("bytes", "free space in /dev/shm")
+    in_container: bool | None = fact(doc="running in a container")
+
+
+class EnvFacts(FactGroup):
+    """Only the variables that matter to GPU training; nothing else is read (no secrets leak)."""
+
+    variables: dict[str, str] = Field(default_factory=dict, description="relevant variables set")
+    cuda_visible_devices: str | None = fact(doc="CUDA_VISIBLE_DEVICES, None when unset")
+    cuda_launch_blocking: bool = fact(doc="CUDA_LAUNCH_BLOCKING=1", default=False)
+    pytorch_cuda_alloc_conf: str | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF")
+    nccl_variables: dict[str, str] = Field(default_factory=dict, description="NCCL_* variables")
+
+
+class ToolFacts(FactGroup):
+    nvcc_version: str | None = fact(doc="CUDA toolkit (nvcc) version on PATH / CUDA_HOME")
+    nvcc_path: str | None = fact(doc="where nvcc was found")
+
+
+class EnvironmentFacts(BaseModel):
+    """Everything collected about the machine once per session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    collected_at: str = ""
+    collector_seconds: float | None = None
+    nvml: NvmlFacts = Field(default_factory=NvmlFacts)
+    devices: list[DeviceFacts] = Field(default_factory=list)
+    torch: TorchFacts = Field(default_factory=TorchFacts)
+    host: HostFacts = Field(default_factory=HostFacts)
+    env: EnvFacts = Field(default_factory=EnvFacts)
+    tools: ToolFacts = Field(default_factory=ToolFacts)
+
+
+class FactsFile(BaseModel):
+    """What ``--gpu-facts-out`` writes and ``python -m pytest_gputrain replay`` reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["pytest-gputrain-facts"] = "pytest-gputrain-facts"
+    environment: EnvironmentFacts
+    # Per-test run and failure facts are added by the run probe; kept as plain JSON objects here
+    # so that this module does not depend on the probe's models.
+    runs: list[dict[str, Any]] = Field(default_factory=list)
+    failures: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def group_namespace(prefix: str, group: BaseModel) -> dict[str, tuple[Any, str | None, str | None]]:
+    """Flatten a model into ``{"prefix.field": (value, unit, why_unknown)}``."""
+    result: dict[str, tuple[Any, str | None, str | None]] = {}
+    unknown = getattr(group, "unknown", {})
+    for name, info in type(group).model_fields.items():
+        if name == "unknown":
+            continue
+        value = getattr(group, name)
+        if isinstance(value, BaseModel):
+            result.update(group_namespace(f"{prefix}.{name}", value))
+            continue
+        if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            value = [item.model_dump() for item in value]
+        extra = info.json_schema_extra
+        unit = extra.get("unit") if isinstance(extra, dict) else None
+        result[f"{prefix}.{name}"] = (value, unit if isinstance(unit, str) else None,
+                                      unknown.get(name))
+    return result
+
+
+def session_namespace(env: EnvironmentFacts) -> dict[str, tuple[Any, str | None, str | None]]:
+    """The names a session-scope rule can use: nvml.*, torch.*, host.*, env.*, tools.*."""
+    names: dict[str, tuple[Any, str | None, str | None]] = {}
+    for prefix in ("nvml", "torch", "host", "env", "tools"):
+        names.update(group_namespace(prefix, getattr(env, prefix)))
+    # Aggregates over devices that session rules need without a loop construct.
+    names["devices.count"] = (len(env.devices), None, None)
+    names["devices.names"] = (sorted({d.name for d in env.devices if d.name}), None, None)
+    return names
+
+
+def device_namespace(
+    env: EnvironmentFacts, device: DeviceFacts
+) -> dict[str, tuple[Any, str | None, str | None]]:
+    """Session names plus ``device.*`` for one GPU."""
+    names = session_namespace(env)
+    names.update(group_namespace("device", device))
+    return names

@@ -1,0 +1,60 @@
+"""pytest entry point (``-p no:gputrain`` disables it).
+
+Kept light: importing this module imports neither torch nor pydantic. Features load their
+modules only when switched on (``--gpu-diagnose``) or used (a marker, a fixture).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_gputrain import options
+
+DIAGNOSE_PLUGIN = "gputrain-diagnose"
+
+# Feature hook modules; each keeps its own import light (no torch/pydantic at load).
+pytest_plugins = (
+    "pytest_gputrain.assertions.plugin",
+    "pytest_gputrain.regression.plugin",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings = options.read_settings(config)
+    if not settings.diagnose or _is_xdist_worker(config):
+        return
+    from pytest_gputrain.diagnose import DiagnoseSession
+
+    engine = load_engine(config)
+    config.pluginmanager.register(DiagnoseSession(config, settings, engine), DIAGNOSE_PLUGIN)
+
+
+def load_engine(config: pytest.Config) -> object:
+    """The rule engine with the project's settings; bad rule files or settings are usage errors."""
+    from pytest_gputrain.engine.config import SettingError, build_config
+    from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.engine.rules import RuleFileError
+
+    read = options.read
+    try:
+        rule_config = build_config(
+            select=read(config, "gpu_select"),
+            ignore=read(config, "gpu_ignore"),
+            severity=read(config, "gpu_severity"),
+            params=read(config, "gpu_rule_params"),
+            rules_dirs=read(config, "gpu_rules_dirs"),
+            base_dir=Path(config.rootpath),
+        )
+        return RuleEngine.load(rule_config)
+    except (RuleFileError, SettingError) as exc:
+        raise pytest.UsageError(f"gputrain: {exc}") from None
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")

@@ -1,0 +1,1 @@
+"""Reports of a diagnosis: terminal (header + table), JSON (versioned schema) and Markdown."""

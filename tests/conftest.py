@@ -1,0 +1,60 @@
+"""Shared test helpers: recorded fact sets and a way to make the plugin 'see' them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# pytester's in-process runs forget modules first imported inside them, and torch cannot be
+# imported twice in one process: import it, and the plugin's lazily loaded modules, up front.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+import pytest_gputrain.collect
+import pytest_gputrain.diagnose  # noqa: F401
+
+FACTS_DIR = Path(__file__).parent / "facts"
+
+
+def load_fact_set(name: str) -> dict[str, Any]:
+    """A recorded facts file (tests/facts/NAME.json) as plain JSON data."""
+    data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text())
+    return data
+
+
+def patch_facts(data: dict[str, Any], set_: dict[str, Any] | None = None,
+                unset: list[str] | None = None) -> dict[str, Any]:
+    """Assign dotted paths inside data['environment'] ('devices.0.memory_used' = 1)."""
+    for path, value in list((set_ or {}).items()) + [(p, None) for p in (unset or [])]:
+        target: Any = data["environment"]
+        *parents, last = path.split(".")
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            if last not in target:
+                raise KeyError(f"no fact {path!r} in the recorded set")
+            target[last] = value
+    return data
+
+
+@pytest.fixture
+def use_facts(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """Make in-process pytester runs diagnose a recorded fact set instead of this machine."""
+    from pytest_gputrain import collect
+    from pytest_gputrain.facts import FactsFile
+
+    def install(name: str, set_: dict[str, Any] | None = None,
+                unset: list[str] | None = None) -> Any:
+        data = patch_facts(load_fact_set(name), set_, unset)
+        environment = FactsFile.model_validate(data).environment
+        monkeypatch.setattr(collect, "collect_environment", lambda **_: environment.model_copy())
+        return environment
+
+    return install
