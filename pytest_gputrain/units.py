@@ -103,10 +103,11 @@ def format_value(value: object, unit: str | None) -> str:
             return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
         if unit == "ms":
             return f"{value:.2f} ms"
-        if isinstance(value, float):
-            text = f"{value:.3g}"
+        if isinstance(value, float) and not value.is_integer():
+            # Three significant digits, but never scientific notation for everyday magnitudes.
+            text = f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
         else:
-            text = str(value)
+            text = str(int(value)) if isinstance(value, float) else str(value)
         return f"{text} {unit}" if unit else text
     if isinstance(value, list | tuple):
         return ", ".join(format_value(item, None) for item in value) or "none"

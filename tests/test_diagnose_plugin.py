@@ -84,6 +84,7 @@ def test_ini_turns_diagnosis_on_and_selects_rules(
     result.stdout.fnmatch_lines(["*GT015*"])
     assert "GT003" not in result.stdout.str()
     assert result.ret == 0
+    pytester.makeini("[pytest]\ngpu_diagnose = true\n")
     result = pytester.runpytest("--gpu-select=GT003")
     assert "GT015" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*GT003*"])

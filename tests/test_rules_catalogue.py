@@ -1,0 +1,269 @@
+"""The built-in rule catalogue: every rule fires on its bad cases and stays quiet on its good ones.
+
+Each rule ``GTnnn`` has a case file ``tests/rule_cases/GTnnn.toml``. A case starts from a recorded
+facts file in ``tests/facts/`` (``base``), changes it (``set``: dotted paths into ``environment``,
+list indices numeric; ``unset``: paths made unknown), optionally overrides the rule's params, and
+says whether the rule ``fires`` or stays ``quiet``. Cases set every fact they depend on, so that a
+base file re-recorded on real hardware does not change their meaning.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+from pytest_gputrain.engine.config import build_config
+from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rules import Rule
+from pytest_gputrain.facts import EnvironmentFacts, FactsFile
+from pytest_gputrain.findings import Finding
+
+TESTS = Path(__file__).resolve().parent
+FACTS_DIR = TESTS / "facts"
+CASES_DIR = TESTS / "rule_cases"
+CASE_KEYS = {"name", "base", "expect", "set", "unset", "params"}
+EXPECTATIONS = ("fires", "quiet")
+
+
+@dataclass(frozen=True)
+class Case:
+    code: str
+    name: str
+    base: str
+    expect: str
+    set: dict[str, Any] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return f"{self.code}-{self.expect}-{slug}"
+
+
+def _load_cases() -> list[Case]:
+    cases: list[Case] = []
+    for path in sorted(CASES_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        extra = set(data) - {"case"}
+        assert not extra, f"{path.name}: unknown top-level key(s) {sorted(extra)}"
+        for index, raw in enumerate(data.get("case", [])):
+            where = f"{path.name} case {index + 1}"
+            unknown = set(raw) - CASE_KEYS
+            assert not unknown, f"{where}: unknown key(s) {sorted(unknown)}"
+            missing = {"name", "base", "expect"} - set(raw)
+            assert not missing, f"{where}: missing key(s) {sorted(missing)}"
+            assert raw["expect"] in EXPECTATIONS, f"{where}: expect must be fires or quiet"
+            cases.append(
+                Case(
+                    code=path.stem,
+                    name=raw["name"],
+                    base=raw["base"],
+                    expect=raw["expect"],
+                    set=dict(raw.get("set", {})),
+                    unset=tuple(raw.get("unset", [])),
+                    params=dict(raw.get("params", {})),
+                )
+            )
+    return cases
+
+
+CASES = _load_cases()
+
+
+@cache
+def engine(params: tuple[str, ...] = ()) -> RuleEngine:
+    return RuleEngine.load(build_config(params=list(params)) if params else None)
+
+
+def engine_for(case: Case) -> RuleEngine:
+    overrides = tuple(sorted(f"{case.code}.{key}={value}" for key, value in case.params.items()))
+    return engine(overrides)
+
+
+@cache
+def _base_json(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text(encoding="utf-8"))
+    return data
+
+
+def load_facts(name: str) -> EnvironmentFacts:
+    return FactsFile.model_validate(_base_json(name)).environment
+
+
+def _assign(root: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node: Any = root
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            assert part.isdigit(), f"{path}: '{where}' indexes a list, use a number"
+            index = int(part)
+            assert index < len(node), f"{path}: '{where}' is out of range ({len(node)} items)"
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value  # a new key is caught by validation unless the dict is free
+            else:
+                assert part in node, f"{path}: '{where}' does not exist in the base facts"
+                node = node[part]
+        else:
+            raise AssertionError(f"{path}: '{where}' is inside a value, not a group or list")
+
+
+def case_facts(case: Case) -> EnvironmentFacts:
+    data = copy.deepcopy(_base_json(case.base))
+    for path, value in case.set.items():
+        _assign(data["environment"], path, value)
+    for path in case.unset:
+        _assign(data["environment"], path, None)
+    return FactsFile.model_validate(data).environment
+
+
+def rules() -> list[Rule]:
+    return engine().rules
+
+
+def _broken(findings: list[Finding]) -> list[str]:
+    """Findings whose rule could not be evaluated, or whose text kept an error or a brace."""
+    problems = []
+    for finding in findings:
+        for label, text in (("message", finding.message), ("fix", finding.fix)):
+            if "<error" in text or "{" in text or "}" in text:
+                problems.append(f"{finding.code} {label}: {text}")
+        if finding.title.endswith("could not be evaluated"):
+            problems.append(f"{finding.code}: {finding.message}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# The cases
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_rule_case(case: Case) -> None:
+    env = case_facts(case)
+    findings = engine_for(case).evaluate_environment(env)
+    assert not _broken(findings), "\n".join(_broken(findings))
+    mine = [finding for finding in findings if finding.code == case.code]
+    if case.expect == "fires":
+        assert mine, f"{case.code} did not fire on '{case.name}'; findings: " + ", ".join(
+            f.code for f in findings
+        )
+        rule = next(rule for rule in engine_for(case).rules if rule.code == case.code)
+        for finding in mine:
+            assert finding.severity == rule.severity
+            assert finding.message.strip() and finding.fix.strip()
+    else:
+        assert not mine, f"{case.code} fired on '{case.name}': {mine[0].message}"
+
+
+def test_every_rule_has_firing_and_quiet_cases() -> None:
+    codes = {rule.code for rule in rules()}
+    by_code: dict[str, set[str]] = {}
+    for case in CASES:
+        by_code.setdefault(case.code, set()).add(case.expect)
+    orphans = sorted(set(by_code) - codes)
+    assert not orphans, f"case files for rules that do not exist: {orphans}"
+    lacking = {code: sorted(set(EXPECTATIONS) - by_code.get(code, set())) for code in codes}
+    lacking = {code: missing for code, missing in lacking.items() if missing}
+    assert not lacking, f"rules without a case that fires or one that stays quiet: {lacking}"
+
+
+def test_case_params_exist() -> None:
+    by_code = {rule.code: rule for rule in rules()}
+    for case in CASES:
+        unknown = set(case.params) - set(by_code[case.code].params)
+        assert not unknown, f"{case.id}: {case.code} has no param(s) {sorted(unknown)}"
+
+
+def test_case_names_are_unique() -> None:
+    ids = [case.id for case in CASES]
+    duplicates = sorted({case_id for case_id in ids if ids.count(case_id) > 1})
+    assert not duplicates, f"duplicate case names: {duplicates}"
+
+
+# --------------------------------------------------------------------------------------------
+# Whole machines
+
+
+def _by_severity(findings: list[Finding], severity: str) -> list[str]:
+    return [
+        f"{finding.code} ({finding.subject})"
+        for finding in findings
+        if finding.severity == severity
+    ]
+
+
+def test_healthy_h200_raises_nothing_at_warning_or_error() -> None:
+    findings = engine().evaluate_environment(load_facts("h200_healthy"))
+    assert not _broken(findings)
+    assert _by_severity(findings, "error") == []
+    assert _by_severity(findings, "warning") == []
+
+
+def test_cpu_laptop_gets_one_warning_explaining_why_there_is_no_gpu() -> None:
+    findings = engine().evaluate_environment(load_facts("cpu_laptop"))
+    assert not _broken(findings)
+    assert _by_severity(findings, "error") == []
+    assert [finding.code for finding in findings if finding.severity == "warning"] == ["GT001"]
+    (gt001,) = [finding for finding in findings if finding.code == "GT001"]
+    assert "libnvidia-ml.so" in gt001.message  # quotes NVML's reason
+    assert "CPU-only" in gt001.message  # names the torch build
+
+
+def test_findings_are_deterministic() -> None:
+    for name in ("h200_healthy", "cpu_laptop"):
+        first = [f.model_dump() for f in engine().evaluate_environment(load_facts(name))]
+        second = [f.model_dump() for f in engine().evaluate_environment(load_facts(name))]
+        fresh = [f.model_dump() for f in RuleEngine.load().evaluate_environment(load_facts(name))]
+        assert first == second == fresh
+    for case in CASES:
+        first = [f.model_dump() for f in engine_for(case).evaluate_environment(case_facts(case))]
+        second = [f.model_dump() for f in engine_for(case).evaluate_environment(case_facts(case))]
+        assert first == second, case.id
+
+
+# --------------------------------------------------------------------------------------------
+# Documentation
+
+
+@pytest.mark.parametrize("rule", rules(), ids=lambda rule: rule.code)
+def test_rule_is_documented(rule: Rule) -> None:
+    assert rule.path.name == f"{rule.code}-{rule.name}.toml"
+    assert rule.title.strip()
+    assert len(rule.why) >= 200, "why: explain the impact, with numbers and sources"
+    assert rule.fix.source.strip()
+    assert rule.message.source.strip()
+    assert rule.references, "at least one reference"
+    assert all(ref.startswith("https://") for ref in rule.references)
+    assert rule.docs.get("example", "").strip(), "docs.example: what triggers the rule"
+    assert rule.docs.get("use_instead", "").strip(), "docs.use_instead: the corrected practice"
+    if rule.params:
+        options = rule.docs.get("options", "")
+        missing = [name for name in rule.params if f"`{name}`" not in options]
+        assert not missing, f"docs.options must describe {missing}"
+    assert rule.evidence, "evidence: the facts a reader needs to check the finding"
+
+
+def test_rule_codes_are_environment_codes() -> None:
+    for rule in rules():
+        assert re.fullmatch(r"GT0\d\d", rule.code), rule.code
+        assert rule.scope in ("session", "device"), rule.code
