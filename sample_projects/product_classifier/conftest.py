@@ -1,0 +1,17 @@
+"""Let `pytest sample_projects/product_classifier` import the package without installing it."""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+PROJECT = Path(__file__).resolve().parent
+if str(PROJECT) not in sys.path:
+    sys.path.insert(0, str(PROJECT))
+
+# Under pytest-xdist every worker would start one intra-op thread per core; on a small CPU box
+# the workers' OpenMP threads then fight each other and the CPU rungs slow down many times.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
