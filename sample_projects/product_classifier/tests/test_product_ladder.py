@@ -127,9 +127,5 @@ def test_short_cpu_run_beats_chance() -> None:
     assert result.val_accuracy is not None and result.val_accuracy > CHANCE + 0.15
 
 
-# --- GPU RUNGS PLACEHOLDER ---------------------------------------------------------------------
-# The GPU rungs of the ladder go here, written with pytest-gputrain's markers once the plugin
-# exposes them (rung 1 driver visible, rung 2 stack aligned, rung 3b the same batch on CUDA with
-# visible memory rise, rung 4 the 200-step run at batch 32 with step time / peak VRAM / val
-# accuracy, rung 5 bf16/fp16 and the batch ramp to OOM, rung 6 CPU-vs-GPU like for like).
-# Deliberately no skipped stand-ins: a skip would read as a rung that exists.
+# The rungs that produce the ladder's table (CPU and GPU, with pytest-gputrain's markers) are in
+# test_product_gpu_ladder.py.

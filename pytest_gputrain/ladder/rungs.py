@@ -1,0 +1,274 @@
+"""The readiness ladder: prove each layer before scaling (driver, CUDA, one batch, a short run,
+mixed precision, then batch size), on any project's own model, data and step function.
+
+    spec = LadderSpec(name="my-model", make_model=..., make_optimizer=..., batches=...,
+                      step=..., evaluate=...)
+    ladder = gpu_ladder(spec)                # the fixture; rows collect across tests
+    ladder.one_batch("cpu")
+    ladder.short_run("cuda", precision="fp32", batch_size=32, steps=200)
+    ladder.largest_batch(precision="bf16")
+
+Every rung records a row; the session prints the table and puts it in the reports.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_gputrain.ladder.headroom import fit_line, plan_probes, predict_largest
+
+Batch = Any  # whatever the project's step function takes
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class LadderSpec:
+    """What a project hands the ladder. Batches are produced on the CPU; ``step`` moves them."""
+
+    name: str
+    make_model: Callable[[], Any]
+    make_optimizer: Callable[[Any], Any]
+    batches: Callable[[int], Iterator[Batch]]
+    step: Callable[[Any, Batch, Any, Any, str], Any]  # (model, batch, optimizer, device, prec)
+    evaluate: Callable[[Any, Any, str], float] | None = None  # (model, device, precision) -> acc
+
+
+@dataclass
+class RungRecord:
+    rung: str
+    device: str
+    precision: str = "fp32"
+    batch_size: int | None = None
+    steps: int | None = None
+    seconds_per_step: float | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    memory_before: int | None = None
+    memory_after: int | None = None
+    utilization_p10: float | None = None
+    utilization_p90: float | None = None
+    temperature_min: float | None = None
+    temperature_max: float | None = None
+    val_accuracy: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+
+
+@dataclass
+class HeadroomRecord:
+    precision: str
+    budget: int
+    probes: list[tuple[int, int]]  # (batch size, peak reserved bytes)
+    predicted: int | None
+    verified: bool
+    verified_peak: int | None
+    note: str = ""
+
+
+@dataclass
+class LadderResults:
+    name: str
+    rungs: list[RungRecord] = field(default_factory=list)
+    headroom: list[HeadroomRecord] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rungs": [asdict(r) for r in self.rungs],
+                "headroom": [asdict(h) for h in self.headroom]}
+
+
+class LadderError(RuntimeError):
+    """A rung could not run (no CUDA, an unknown precision, ...), with the reason."""
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise LadderError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+
+
+class Ladder:
+    """The rungs for one project; each call appends its record to ``results``."""
+
+    def __init__(self, spec: LadderSpec, results: LadderResults | None = None) -> None:
+        self.spec = spec
+        self.results = results or LadderResults(spec.name)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _device(self, name: str) -> Any:
+        torch = _torch()
+        device = torch.device(name)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise LadderError("CUDA is not available: the GPU rungs cannot run here")
+        return device
+
+    def _fresh(self, device: Any) -> tuple[Any, Any]:
+        model = self.spec.make_model().to(device)
+        return model, self.spec.make_optimizer(model)
+
+    def _run_steps(self, model: Any, optimizer: Any, device: Any, precision: str,
+                   batches: Iterator[Batch], steps: int) -> list[float]:
+        _check_precision(precision)
+        losses = []
+        for _ in range(steps):
+            loss = self.spec.step(model, next(batches), optimizer, device, precision)
+            losses.append(loss)
+        return [float(loss) for loss in losses]  # one sync at the end, not one per step
+
+    # -- rungs -----------------------------------------------------------------------------------
+
+    def one_batch(self, device: str = "cpu", batch_size: int = 32,
+                  precision: str = "fp32") -> RungRecord:
+        """One forward and backward pass on one batch: the stack works end to end."""
+        torch = _torch()
+        dev = self._device(device)
+        batch = next(self.spec.batches(batch_size))
+        memory_before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
+        model, optimizer = self._fresh(dev)
+        started = time.perf_counter()
+        losses = self._run_steps(model, optimizer, dev, precision, iter([batch, batch]), 2)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        elapsed = (time.perf_counter() - started) / 2
+        record = RungRecord(
+            rung="one batch", device=dev.type, precision=precision, batch_size=batch_size,
+            steps=2, seconds_per_step=elapsed, loss_first=losses[0], loss_last=losses[-1],
+            memory_before=memory_before,
+            memory_after=torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None,
+        )
+        self.results.rungs.append(record)
+        del model, optimizer
+        _release(torch, dev)
+        return record
+
+    def short_run(self, device: str = "cuda", precision: str = "fp32", batch_size: int = 32,
+                  steps: int = 200, warmup: int = 10) -> RungRecord:
+        """A short training run: step time (median after warm-up), peak VRAM, utilization and
+        temperature ranges (NVML, p10-p90), and validation accuracy."""
+        torch = _torch()
+        _check_precision(precision)
+        dev = self._device(device)
+        torch.manual_seed(0)
+        model, optimizer = self._fresh(dev)
+        batches = self.spec.batches(batch_size)
+        sampler = _start_sampler(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        times: list[float] = []
+        losses: list[Any] = []
+        if dev.type == "cuda":
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+            events[0].record()
+            for index in range(steps):
+                losses.append(self.spec.step(model, next(batches), optimizer, dev, precision))
+                events[index + 1].record()
+            torch.cuda.synchronize(dev)
+            times = [events[i].elapsed_time(events[i + 1]) / 1000 for i in range(steps)]
+        else:
+            for _ in range(steps):
+                started = time.perf_counter()
+                losses.append(self.spec.step(model, next(batches), optimizer, dev, precision))
+                times.append(time.perf_counter() - started)
+        summary = sampler.stop().summary() if sampler is not None else {}
+        kept = times[warmup:] if len(times) > warmup else times
+        accuracy = self.spec.evaluate(model, dev, precision) if self.spec.evaluate else None
+        util, temp = summary.get("utilization_gpu"), summary.get("temperature")
+        record = RungRecord(
+            rung="short run", device=dev.type, precision=precision, batch_size=batch_size,
+            steps=steps, seconds_per_step=statistics.median(kept),
+            peak_allocated=torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+            peak_reserved=torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None,
+            utilization_p10=util.p10 if util else None, utilization_p90=util.p90 if util else None,
+            temperature_min=temp.min if temp else None, temperature_max=temp.max if temp else None,
+            val_accuracy=accuracy, loss_first=float(losses[0]), loss_last=float(losses[-1]),
+        )
+        self.results.rungs.append(record)
+        del model, optimizer
+        _release(torch, dev)
+        return record
+
+    def largest_batch(self, precision: str = "fp32", start_batch: int = 32,
+                      budget: int | None = None, device: str = "cuda") -> HeadroomRecord:
+        """Predict the largest batch that fits the real budget from three probes, then verify it
+        with one run. ``budget`` defaults to what this process may really use (see budget())."""
+        torch = _torch()
+        dev = self._device(device)
+        model, optimizer = self._fresh(dev)
+        # One step first, so optimizer state and workspaces exist in every probe's baseline.
+        self._run_steps(model, optimizer, dev, precision, self.spec.batches(start_batch), 1)
+        budget = budget if budget is not None else memory_budget(dev)
+        probes = [(start_batch, self._peak(model, optimizer, dev, precision, start_batch))]
+        fixed = _settled_reserved(torch, dev)
+        for batch in plan_probes(start_batch, probes[0][1], fixed, budget):
+            probes.append((batch, self._peak(model, optimizer, dev, precision, batch)))
+        predicted = predict_largest(fit_line(probes), budget)
+        record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
+                                predicted=predicted, verified=False, verified_peak=None)
+        if predicted:
+            try:
+                record.verified_peak = self._peak(model, optimizer, dev, precision, predicted)
+                record.verified = record.verified_peak <= budget
+            except torch.OutOfMemoryError:
+                record.note = f"batch {predicted} ran out of memory on verification"
+        self.results.headroom.append(record)
+        del model, optimizer
+        _release(torch, dev)
+        return record
+
+    def _peak(self, model: Any, optimizer: Any, device: Any, precision: str, batch: int) -> int:
+        torch = _torch()
+        batches = self.spec.batches(batch)
+        _release(torch, device)
+        torch.cuda.reset_peak_memory_stats(device)
+        self._run_steps(model, optimizer, device, precision, batches, 2)
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_reserved(device))
+
+
+def _release(torch: Any, device: Any) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _settled_reserved(torch: Any, device: Any) -> int:
+    _release(torch, device)
+    return int(torch.cuda.memory_reserved(device))
+
+
+def memory_budget(device: Any) -> int:
+    """Bytes this process's allocator may hold on ``device``: total x the per-process fraction,
+    and no more than is free now plus what this process already holds (other processes)."""
+    torch = _torch()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = float(getter(index)) if getter is not None else 1.0
+    free, _ = torch.cuda.mem_get_info(index)
+    return int(min(total * fraction, free + torch.cuda.memory_reserved(index)))
+
+
+def _start_sampler(device: Any) -> Any:
+    if device.type != "cuda":
+        return None
+    try:
+        from pytest_gputrain.collect import nvml
+        from pytest_gputrain.collect.sampler import NvmlSampler
+
+        index = nvml.index_for_cuda_device(device.index or 0)
+        if index is None or not nvml.shared().available:
+            return None
+        return NvmlSampler(index, interval=0.05).start()
+    except Exception:
+        return None  # the ladder still reports time, memory and accuracy without NVML

@@ -1,0 +1,53 @@
+"""This project's readiness ladder: what pytest-gputrain's ``gpu_ladder`` needs to walk it.
+
+The ladder runs the project's own model, data and training step (train.py), so each rung says
+something about the real run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from .data import ProductImages
+from .model import make_model
+from .train import TrainConfig, evaluate, make_optimizer, train_step
+
+IMAGE_SIZE = 64
+
+
+@cache
+def _train_set() -> ProductImages:
+    return ProductImages("train", IMAGE_SIZE)
+
+
+def batches(batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless training batches of any size (sampled with replacement, so a batch may be larger
+    than the training set: the headroom probes need that)."""
+    sampler = RandomSampler(_train_set(), replacement=True, num_samples=batch_size * 10_000,
+                            generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(_train_set(), batch_size=batch_size, sampler=sampler,
+                        pin_memory=torch.cuda.is_available())
+    while True:
+        yield from loader
+
+
+def validation_accuracy(model: torch.nn.Module, device: torch.device, precision: str) -> float:
+    loader = DataLoader(ProductImages("val", IMAGE_SIZE), batch_size=125)
+    return evaluate(model, loader, device, precision)
+
+
+def ladder_spec() -> object:
+    from pytest_gputrain.ladder import LadderSpec
+
+    return LadderSpec(
+        name="product_classifier",
+        make_model=lambda: make_model(width=32),
+        make_optimizer=lambda model: make_optimizer(model, TrainConfig(lr=2e-3)),
+        batches=batches,
+        step=train_step,
+        evaluate=validation_accuracy,
+    )

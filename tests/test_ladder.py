@@ -1,0 +1,135 @@
+"""The readiness ladder: headroom prediction (pure), rungs on the CPU, and the session table."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_gputrain.ladder.headroom import fit_line, plan_probes, predict_largest
+
+
+def test_line_through_exact_points() -> None:
+    fit = fit_line([(32, 1_000 + 32 * 50), (64, 1_000 + 64 * 50), (256, 1_000 + 256 * 50)])
+    assert fit.intercept == pytest.approx(1_000)
+    assert fit.per_sample == pytest.approx(50)
+
+
+def test_prediction_meets_the_budget_and_stays_under_it() -> None:
+    fit = fit_line([(32, 2_000_000_000 + 32 * 5_000_000), (700, 2_000_000_000 + 700 * 5_000_000)])
+    budget = 14 * 2**30
+    largest = predict_largest(fit, budget, safety=0.0)
+    assert largest is not None
+    assert fit.at(largest) <= budget < fit.at(largest + 1)
+    assert predict_largest(fit, budget) <= largest  # the safety margin only lowers it
+
+
+def test_no_growth_means_no_prediction() -> None:
+    assert predict_largest(fit_line([(8, 100), (16, 100)]), 1_000) is None
+    with pytest.raises(ValueError, match="two or more"):
+        fit_line([(8, 100), (8, 120)])
+
+
+def test_probes_stay_at_or_below_half_the_budget() -> None:
+    per_sample, fixed, budget = 5_000_000, 1_000_000_000, 14 * 2**30
+    probes = plan_probes(32, fixed + 32 * per_sample, fixed, budget)
+    assert len(probes) == 2 and probes[0] < probes[1]
+    assert all(fixed + b * per_sample <= fixed + 0.5 * (budget - fixed) + per_sample
+               for b in probes)
+    # A first batch already past half the budget: the other probes go below it.
+    assert plan_probes(1000, fixed + 1000 * per_sample, fixed, fixed + 1200 * per_sample) == [
+        500, 250]
+
+
+def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_gputrain.ladder import LadderSpec
+
+        def batches(size):
+            g = torch.Generator().manual_seed(0)
+            while True:
+                x = torch.randn(size, 8, generator=g)
+                yield x, (x.sum(dim=1) > 0).long()
+
+        def step(model, batch, optimizer, device, precision):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        def accuracy(model, device, precision):
+            x, y = next(batches(512))
+            with torch.no_grad():
+                return (model(x).argmax(1) == y).float().mean().item()
+
+        SPEC = LadderSpec(name="toy", make_model=lambda: torch.nn.Linear(8, 2),
+                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.5),
+                          batches=batches, step=step, evaluate=accuracy)
+
+        def test_cpu_rungs(gpu_ladder):
+            ladder = gpu_ladder(SPEC)
+            one = ladder.one_batch("cpu", batch_size=16)
+            run = ladder.short_run("cpu", batch_size=64, steps=60, warmup=5)
+            assert one.steps == 2 and run.seconds_per_step > 0
+            assert run.val_accuracy > 0.8
+
+        def test_gpu_rung_without_gpu_says_why(gpu_ladder):
+            from pytest_gputrain.ladder import LadderError
+            import pytest
+            if torch.cuda.is_available():
+                pytest.skip("this check is for machines without CUDA")
+            with pytest.raises(LadderError, match="CUDA is not available"):
+                gpu_ladder(SPEC).short_run("cuda")
+
+        def test_bad_precision(gpu_ladder):
+            from pytest_gputrain.ladder import LadderError
+            import pytest
+            with pytest.raises(LadderError, match="unknown precision 'fp8'"):
+                gpu_ladder(SPEC).short_run("cpu", precision="fp8", steps=2)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "*gputrain readiness ladder: toy*",
+        "run*batch*step time*speed-up*peak VRAM*util*temp*val acc*",
+        "CPU fp32 one batch*16*",
+        "CPU fp32 short run*64*1.0×*",
+    ])
+
+
+def test_ladder_table_goes_into_the_reports(pytester: pytest.Pytester, use_facts: object) -> None:
+    use_facts("cpu_laptop")  # type: ignore[operator]
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_gputrain.ladder import LadderSpec
+
+        def batches(size):
+            while True:
+                yield torch.randn(size, 4), torch.zeros(size, dtype=torch.long)
+
+        def step(model, batch, optimizer, device, precision):
+            loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            return loss.detach()
+
+        def test_rung(gpu_ladder):
+            spec = LadderSpec("toy", lambda: torch.nn.Linear(4, 2),
+                              lambda m: torch.optim.SGD(m.parameters(), lr=0.1), batches, step)
+            gpu_ladder(spec).short_run("cpu", batch_size=8, steps=5, warmup=1)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--gpu-diagnose",
+                                "--gpu-report=r.json", "--gpu-report=r.md")
+    result.assert_outcomes(passed=1)
+    import json
+
+    report = json.loads((pytester.path / "r.json").read_text())
+    section = report["sections"]["ladder: toy"]
+    assert section["rungs"][0]["rung"] == "short run"
+    assert section["rungs"][0]["batch_size"] == 8
+    markdown = (pytester.path / "r.md").read_text()
+    assert "### ladder: toy" in markdown and "| CPU fp32 short run" in markdown
