@@ -69,9 +69,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     facts = load_facts(Path(args.path))
     engine = _engine(args)
     findings = engine.evaluate_environment(facts.environment)
-    replay_runs = getattr(engine, "evaluate_recorded_runs", None)
-    if replay_runs is not None:
-        findings = replay_runs(facts, findings)
+    try:
+        findings = engine.evaluate_recorded_runs(facts, findings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
+                       f"({exc.error_count()} problem(s))") from None
     if args.format == "json":
         sys.stdout.write(report_json(build_report(facts.environment, findings, args.fail_on)))
     elif args.format == "md":
@@ -181,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     schema = sub.add_parser("schema", help="print the JSON schema of --gpu-report .json files")
     schema.set_defaults(func=cmd_schema)
+
+    from pytest_gputrain.regression.history import add_history_parser
+
+    add_history_parser(sub)
     return parser
 
 

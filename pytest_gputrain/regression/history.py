@@ -1,0 +1,220 @@
+"""``python -m pytest_gputrain history``: the saved runs, one test across runs, and a PNG of it.
+
+    python -m pytest_gputrain history [--store PATH] [--name NAME] [--limit N]
+    python -m pytest_gputrain history --test NODEID [--png out.png]
+
+The store is found the way git finds its folder: ``.gputrain/benchmarks.sqlite`` in the current
+directory or the nearest parent that has one, unless ``--store`` names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from pytest_gputrain.regression.store import (
+    DEFAULT_DIR,
+    DEFAULT_NAME,
+    ResultRecord,
+    RunInfo,
+    Store,
+    StoreError,
+)
+
+PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
+
+
+class HistoryError(Exception):
+    pass
+
+
+def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``history`` subcommand to ``parser.add_subparsers()``'s result."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "history", help="list saved benchmark runs, or one test's results across runs",
+        description="List the runs saved with --gpu-save, or one test's step time and peak "
+                    "VRAM across runs (optionally as a PNG).")
+    parser.add_argument("--store", metavar="PATH",
+                        help=f"benchmark store (default: {DEFAULT_DIR}/{DEFAULT_NAME} here or in "
+                             "the nearest parent folder)")
+    parser.add_argument("--name", help="only runs saved under this name")
+    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
+    parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
+                        "VRAM across runs into PATH (needs matplotlib)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=cmd_history)
+    return parser
+
+
+def find_store(start: Path | None = None) -> Path:
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / DEFAULT_DIR / DEFAULT_NAME
+        if candidate.is_file():
+            return candidate
+    raise HistoryError(f"no benchmark store found ({DEFAULT_DIR}/{DEFAULT_NAME} in {here} or a "
+                       "parent folder); save a run with `pytest --gpu-save=NAME` or pass "
+                       "--store PATH")
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    try:
+        return _history(args)
+    except (HistoryError, StoreError) as exc:
+        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _history(args: argparse.Namespace) -> int:
+    if args.png and not args.test:
+        raise HistoryError("--png needs --test NODEID (the test to draw)")
+    if args.limit is not None and args.limit < 1:
+        raise HistoryError(f"--limit {args.limit} must be at least 1")
+    path = Path(args.store) if args.store else find_store()
+    with Store.open(path, create=False) as store:
+        if args.test:
+            entries = [(run, result) for run, result in store.history(args.test)
+                       if args.name is None or run.name == args.name][-args.limit:]
+            if not entries:
+                known = store.nodeids()
+                hint = f"; tests in the store: {', '.join(known[:8])}" if known else ""
+                raise HistoryError(f"no saved result for {args.test!r} in {path}{hint}")
+            if args.json:
+                print(json.dumps([_entry_json(run, result) for run, result in entries],
+                                 indent=2))
+            else:
+                print(tabulate(_test_rows(entries), headers=TEST_HEADERS,
+                               disable_numparse=True))
+            if args.png:
+                draw_png(args.test, entries, Path(args.png))
+                print(f"wrote {args.png}")
+            return 0
+        runs = store.runs(name=args.name, limit=args.limit)
+    if args.json:
+        print(json.dumps([run.to_json() for run in runs], indent=2))
+    elif not runs:
+        print(f"no saved runs in {path}")
+    else:
+        print(tabulate(_run_rows(runs), headers=RUN_HEADERS, disable_numparse=True))
+    return 0
+
+
+RUN_HEADERS = ("id", "name", "created", "commit", "device", "torch", "tests")
+TEST_HEADERS = ("run", "name", "created", "commit", "rounds", "median step", "IQR",
+                "peak VRAM", "throttled")
+
+
+def _run_rows(runs: list[RunInfo]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for run in runs:
+        fp = run.fingerprint
+        device = fp.get("gpu_name") or fp.get("cpu_model") or fp.get("device_type") or "–"
+        rows.append((str(run.id), run.name, run.created_at, (run.commit or "–")[:10],
+                     str(device), str(fp.get("torch_version") or "–"), str(run.result_count)))
+    return rows
+
+
+def _step(result: ResultRecord, key: str) -> float | None:
+    value = (result.summary.get("step_time") or {}).get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _peak(result: ResultRecord) -> float | None:
+    value = (result.summary.get("peak_vram") or {}).get("max")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _test_rows(entries: list[tuple[RunInfo, ResultRecord]]) -> list[tuple[str, ...]]:
+    from pytest_gputrain.regression.output import format_seconds
+    from pytest_gputrain.units import format_bytes
+
+    rows: list[tuple[str, ...]] = []
+    for run, result in entries:
+        peak = _peak(result)
+        rows.append((str(run.id), run.name, run.created_at, (run.commit or "–")[:10],
+                     str(result.rounds), format_seconds(_step(result, "median")),
+                     format_seconds(_step(result, "iqr")),
+                     format_bytes(peak) if peak is not None else "–",
+                     str(result.summary.get("throttled", 0))))
+    return rows
+
+
+def _entry_json(run: RunInfo, result: ResultRecord) -> dict[str, Any]:
+    return {"run": run.to_json(), "nodeid": result.nodeid, "rounds": result.rounds,
+            "summary": result.summary}
+
+
+def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path) -> None:
+    """Step time (median with the interquartile range, each round faint behind) and peak VRAM
+    across runs, one x position per run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise HistoryError(PLOT_HINT) from None
+    from pytest_gputrain.regression import stats
+
+    labels = [f"#{run.id}\n{run.name[:12]}" for run, _ in entries]
+    xs = list(range(len(entries)))
+    figure, (ax_time, ax_mem) = plt.subplots(2, 1, figsize=(max(6.0, 0.8 * len(xs) + 3), 6.5),
+                                             sharex=True)
+    medians, lows, highs = [], [], []
+    for x, (_, result) in zip(xs, entries, strict=True):
+        times = [float(t) * 1e3 for t in result.metrics.get("step_time") or []]
+        if times:
+            ax_time.scatter([x] * len(times), times, s=4, alpha=0.15, color="tab:blue")
+            medians.append(stats.median(times))
+            lows.append(medians[-1] - stats.quantile(times, 0.25))
+            highs.append(stats.quantile(times, 0.75) - medians[-1])
+        else:
+            medians.append(float("nan"))
+            lows.append(0.0)
+            highs.append(0.0)
+    ax_time.errorbar(xs, medians, yerr=[lows, highs], fmt="o-", color="tab:blue", capsize=3,
+                     label="median (IQR)")
+    ax_time.set_ylabel("step time (ms)")
+    ax_time.set_title(nodeid, fontsize=9)
+    ax_time.legend(loc="best", fontsize=8)
+    ax_time.grid(alpha=0.3)
+    peaks = [_peak(result) for _, result in entries]
+    if any(p is not None for p in peaks):
+        ax_mem.plot(xs, [p / 2**20 if p is not None else float("nan") for p in peaks], "s-",
+                    color="tab:red")
+        ax_mem.set_ylabel("peak VRAM (MiB)")
+    else:
+        ax_mem.text(0.5, 0.5, "no peak VRAM recorded (CPU benchmark)", ha="center",
+                    va="center", transform=ax_mem.transAxes)
+        ax_mem.set_yticks([])
+    ax_mem.grid(alpha=0.3)
+    ax_mem.set_xticks(xs)
+    ax_mem.set_xticklabels(labels, fontsize=7)
+    ax_mem.set_xlabel("saved run")
+    figure.tight_layout()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, dpi=110)
+    except OSError as exc:
+        raise HistoryError(f"cannot write {out}: {exc}") from None
+    finally:
+        plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m pytest_gputrain.regression.history``), same as the
+    ``history`` subcommand of ``python -m pytest_gputrain``."""
+    parser = argparse.ArgumentParser(prog="python -m pytest_gputrain")
+    add_history_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["history", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""Options of the regression gate (each with an ini twin) and their validation.
+
+Light on purpose: imported by the hook module at pytest start-up, so only the standard library
+and pytest. A bad value is a ``pytest.UsageError`` that names the option and the value and shows
+a valid example.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gputrain.options import read
+from pytest_gputrain.units import parse_percent
+
+GROUP = "gputrain"
+GROUP_DESCRIPTION = "GPU training diagnosis and assertions (pytest-gputrain)"
+METRICS = ("step_time", "peak_vram")
+DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
+REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
+DEFAULT_ALPHA = 0.01
+DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
+RESERVED_NAMES = ("latest",)
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    ini: str
+    help: str
+    kind: str = "string"  # string | bool
+    default: Any = None
+    metavar: str | None = None
+
+
+OPTIONS: tuple[_Option, ...] = (
+    _Option("--gpu-save", "gpu_save", "save this session's gpu_benchmark results in the store "
+            "as a run named NAME (e.g. the branch)", metavar="NAME"),
+    _Option("--gpu-compare", "gpu_compare", "compare gpu_benchmark results with a saved run: "
+            "NAME (its newest run), #ID, or latest; a regression fails the session",
+            metavar="NAME|#ID|latest"),
+    _Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
+            f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
+            metavar="SPEC"),
+    _Option("--gpu-alpha", "gpu_alpha", "significance level of the Mann-Whitney test of a "
+            f"regression (default {DEFAULT_ALPHA})", metavar="ALPHA"),
+    _Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
+            "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
+            kind="bool", default=False),
+    _Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
+            "to PATH as JSON", metavar="PATH"),
+    _Option("--gpu-store", "gpu_store", f"benchmark store file (SQLite; default {DEFAULT_STORE} "
+            "in the rootdir)", metavar="PATH"),
+    _Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
+            "before timing (default 5)", metavar="N"),
+    _Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
+            "timed rounds (default 30)", metavar="N"),
+    _Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
+            "timed rounds (default 100)", metavar="N"),
+    _Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
+            "timed rounds after which no more are added beyond the minimum (default 5)",
+            metavar="SECONDS"),
+)
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
+    for option in OPTIONS:
+        cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
+        if option.kind == "bool":
+            group.addoption(option.flag, action="store_true", default=None, dest=option.ini,
+                            help=cli_help)
+            parser.addini(option.ini, option.help, type="bool", default=option.default)
+        else:
+            group.addoption(option.flag, action="store", default=None, dest=option.ini,
+                            metavar=option.metavar, help=cli_help)
+            parser.addini(option.ini, option.help, type="string", default=option.default)
+
+
+@dataclass(frozen=True)
+class RegressionSettings:
+    save: str | None = None
+    compare: str | None = None
+    thresholds: dict[str, float] = field(
+        default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
+    alpha: float = DEFAULT_ALPHA
+    force: bool = False
+    json_path: Path | None = None
+    store_path: Path = Path(DEFAULT_STORE)
+    warmup: int | None = None
+    min_rounds: int | None = None
+    max_rounds: int | None = None
+    max_time: float | None = None
+
+    @property
+    def uses_store(self) -> bool:
+        return bool(self.save or self.compare)
+
+
+def _usage(ini: str, flag: str, message: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{ini} / {flag}: {message}")
+
+
+def parse_thresholds(text: str) -> dict[str, float]:
+    """``"step_time:5%,peak_vram:2%"`` -> ``{"step_time": 0.05, "peak_vram": 0.02}``.
+
+    Only the metrics named are gated (``METRIC:off`` is accepted and gates nothing).
+    Raises ``ValueError`` naming the bad part.
+    """
+    thresholds: dict[str, float] = {}
+    seen: set[str] = set()
+    items = [item.strip() for item in str(text).split(",")]
+    if not any(items):
+        raise ValueError(f"{text!r} names no metric; expected e.g. {REGRESSION_EXAMPLE}")
+    if len(items) == 1 and items[0].lower() in ("off", "none"):
+        return thresholds
+    for item in items:
+        if not item:
+            continue
+        metric, sep, value = item.partition(":")
+        metric, value = metric.strip(), value.strip()
+        if not sep or not metric or not value:
+            raise ValueError(f"{item!r} in {text!r} is not METRIC:PERCENT; expected e.g. "
+                             f"{REGRESSION_EXAMPLE}")
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r} in {text!r} (known: "
+                             f"{', '.join(METRICS)}); expected e.g. {REGRESSION_EXAMPLE}")
+        if metric in seen:
+            raise ValueError(f"metric {metric!r} appears twice in {text!r}")
+        seen.add(metric)
+        if value.lower() in ("off", "none", "ignore"):
+            thresholds.pop(metric, None)
+            continue
+        try:
+            thresholds[metric] = parse_percent(value) / 100
+        except ValueError as exc:
+            raise ValueError(f"{item!r} in {text!r}: {exc}; expected e.g. "
+                             f"{REGRESSION_EXAMPLE}") from None
+    return thresholds
+
+
+def parse_alpha(value: object) -> float:
+    text = str(value).strip()
+    try:
+        alpha = float(text.removesuffix("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number; expected a significance level such as "
+                         "0.01") from None
+    if not math.isfinite(alpha) or not 0 < alpha < 0.5:
+        raise ValueError(f"{value!r} must lie strictly between 0 and 0.5; e.g. 0.01")
+    return alpha
+
+
+def parse_run_name(value: object, *, for_save: bool) -> str:
+    text = str(value).strip()
+    example = "--gpu-save=main" if for_save else "--gpu-compare=main or --gpu-compare=latest"
+    if not text:
+        raise ValueError(f"empty run name; e.g. {example}")
+    if len(text) > 200 or any(ord(ch) < 32 for ch in text):
+        raise ValueError(f"{text!r} is not a usable run name (at most 200 printable "
+                         f"characters); e.g. {example}")
+    if for_save and (text in RESERVED_NAMES or text.startswith("#")):
+        raise ValueError(f"{text!r} is reserved ('latest' and '#ID' select runs in "
+                         f"--gpu-compare); e.g. {example}")
+    return text
+
+
+def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: float,
+            example: str) -> Any:
+    raw = read(config, ini)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = kind(str(raw).strip())
+    except ValueError:
+        raise _usage(ini, flag, f"{raw!r} is not a number; e.g. {example}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _usage(ini, flag, f"{raw!r} is not a finite number; e.g. {example}")
+    if value < minimum:
+        raise _usage(ini, flag, f"{raw!r} must be >= {minimum:g}; e.g. {example}")
+    return value
+
+
+def _path(config: pytest.Config, ini: str) -> Path | None:
+    """A path option: from the command line relative to the invocation directory, from the
+    ini file relative to the ini file's directory."""
+    given = config.getoption(ini, default=None)
+    text = given if given is not None else config.getini(ini)
+    if not text:
+        return None
+    path = Path(str(text)).expanduser()
+    if path.is_absolute():
+        return path
+    if given is not None:
+        base = Path(config.invocation_params.dir)
+    else:
+        base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+    return base / path
+
+
+def read_settings(config: pytest.Config) -> RegressionSettings:
+    save_raw, compare_raw = read(config, "gpu_save"), read(config, "gpu_compare")
+    try:
+        save = parse_run_name(save_raw, for_save=True) if save_raw else None
+    except ValueError as exc:
+        raise _usage("gpu_save", "--gpu-save", str(exc)) from None
+    try:
+        compare = parse_run_name(compare_raw, for_save=False) if compare_raw else None
+    except ValueError as exc:
+        raise _usage("gpu_compare", "--gpu-compare", str(exc)) from None
+    spec = read(config, "gpu_regression")
+    try:
+        thresholds = parse_thresholds(spec) if spec not in (None, "") else \
+            parse_thresholds(DEFAULT_REGRESSION)
+    except ValueError as exc:
+        raise _usage("gpu_regression", "--gpu-regression", str(exc)) from None
+    alpha_raw = read(config, "gpu_alpha")
+    try:
+        alpha = parse_alpha(alpha_raw) if alpha_raw not in (None, "") else DEFAULT_ALPHA
+    except ValueError as exc:
+        raise _usage("gpu_alpha", "--gpu-alpha", str(exc)) from None
+    store = _path(config, "gpu_store") or Path(config.rootpath) / DEFAULT_STORE
+    if store.is_dir() or str(read(config, "gpu_store") or "").endswith(("/", "\\")):
+        store = store / "benchmarks.sqlite"
+    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0, "5")
+    min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
+                         1, "30")
+    max_rounds = _number(config, "gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds", int,
+                         1, "100")
+    max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
+                       1e-6, "5")
+    if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
+        raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
+                     f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
+                     "min 30, max 100")
+    return RegressionSettings(
+        save=save, compare=compare, thresholds=thresholds, alpha=alpha,
+        force=bool(read(config, "gpu_compare_force")),
+        json_path=_path(config, "gpu_benchmark_json"), store_path=store,
+        warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
+    )
