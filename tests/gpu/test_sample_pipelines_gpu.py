@@ -1,0 +1,134 @@
+"""Run each sample training pipeline under ``--gpu-diagnose`` and compare with EXPECTED.toml.
+
+One subprocess per sample folder (``sample_projects/pipelines/<name>``), so a sample that kills
+its CUDA context (device_assert) or caps its memory fraction cannot affect another. The codes at
+warning or error level in run or failure scope must equal the sample's ``expect`` exactly;
+session and device findings describe the machine, not the pipeline, and are left out.
+
+Each test prints ``SAMPLE <name>: <codes>``; with ``GPUTRAIN_SAMPLE_TABLE=<path>`` set, a
+Markdown table of all samples run so far is (re)written there after each one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PIPELINES = Path(__file__).resolve().parents[2] / "sample_projects" / "pipelines"
+EXPECTED: dict[str, dict[str, Any]] = tomllib.loads(
+    (PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
+TIMEOUT_S = 300
+PIPELINE_SCOPES = {"run", "failure"}
+LOUD = {"warning", "error"}
+TABLE_ENV = "GPUTRAIN_SAMPLE_TABLE"
+
+_rows: dict[str, dict[str, Any]] = {}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin by module where it is not installed (a source checkout on a GPU box)."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "gputrain" for ep in entry_points(group="pytest11")):
+        return []
+    return ["-p", "pytest_gputrain.plugin"]
+
+
+def _outcome(returncode: int, stdout: str) -> str:
+    """'passed', 'failed', 'skipped' (nothing ran) or 'exit N', from pytest's summary line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    summary = lines[-1] if lines else ""
+    if returncode == 0 and re.search(r"\bskipped\b", summary) and "passed" not in summary:
+        return "skipped"
+    return {0: "passed", 1: "failed"}.get(returncode, f"exit {returncode}")
+
+
+def _codes(findings: list[dict[str, Any]], severities: set[str]) -> list[str]:
+    return sorted({f["code"] for f in findings
+                   if f["scope"] in PIPELINE_SCOPES and f["severity"] in severities})
+
+
+def _write_table(path: str) -> None:
+    lines = ["| sample | fault | expected | found (warning/error) | info | test outcome | "
+             "wall s | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, row in sorted(_rows.items()):
+        lines.append(
+            f"| {name} | {row['fault']} | {', '.join(row['expect']) or '-'} | "
+            f"{', '.join(row['found']) or '-'} | {', '.join(row['info']) or '-'} | "
+            f"{row['outcome']} | {row['wall_s']:.1f} | {row['verdict']} |")
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.gpu
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not _cuda_available(), reason="needs torch with a usable CUDA GPU")
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
+    spec = EXPECTED[name]
+    expect = sorted(spec.get("expect", []))
+    report = tmp_path / "r.json"
+    command = [
+        sys.executable, "-m", "pytest", str(PIPELINES / name), *_plugin_args(),
+        "--gpu-diagnose", "--gpu-fail-on=never", f"--gpu-report={report}",
+        "-p", "no:cacheprovider", "-q",
+    ]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=PIPELINES.parents[1], capture_output=True,
+                              text=True, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"sample {name} ran past {TIMEOUT_S} s:\n{exc.stdout or ''}")
+    wall_s = time.perf_counter() - started
+    output = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert report.is_file(), f"sample {name} wrote no report (exit {done.returncode})\n{output}"
+
+    findings: list[dict[str, Any]] = json.loads(report.read_text(encoding="utf-8"))["findings"]
+    found = _codes(findings, LOUD)
+    info = _codes(findings, {"info"})
+    should_fail = bool(spec.get("fails", False))
+    # --gpu-fail-on=never: the exit status is the sample's own tests (1 failed, 0 passed)
+    outcome = _outcome(done.returncode, done.stdout)
+    wanted = "failed" if should_fail else "passed"
+    missing_info = sorted(set(spec.get("expect_info", [])) - set(info))
+    verdict_ok = found == expect and outcome == wanted and not missing_info
+
+    print(f"SAMPLE {name}: {', '.join(found) or '-'}"
+          f" (expected {', '.join(expect) or '-'}; info {', '.join(info) or '-'}; "
+          f"tests {outcome}; {wall_s:.1f} s)")
+    _rows[name] = {"fault": spec.get("fault", ""), "expect": expect, "found": found,
+                   "info": info, "outcome": outcome, "wall_s": wall_s,
+                   "verdict": "ok" if verdict_ok else "MISMATCH"}
+    if os.environ.get(TABLE_ENV):
+        _write_table(os.environ[TABLE_ENV])
+
+    details = "\n".join(
+        f"  {f['severity']:7} {f['code']} [{f['scope']}] {f['subject']}: "
+        f"{f.get('message', '')[:300]}" for f in findings)
+    assert outcome == wanted, (
+        f"sample {name}: expected its tests to have {wanted}, got {outcome}\n{output}")
+    assert found == expect, f"sample {name}: findings\n{details}\n{output}"
+    assert not missing_info, f"sample {name}: info codes {missing_info} missing\n{details}"
