@@ -46,23 +46,34 @@ OPTIONS: tuple[Option, ...] = (
            "repeatable", kind="args", default=[], metavar="DIR"),
     Option("--gpu-facts-out", "gpu_facts_out", "write the collected facts to PATH (JSON) for "
            "`python -m pytest_gputrain replay PATH` on any machine", metavar="PATH"),
+    Option("--gpu-probe", "gpu_probe", "with --gpu-diagnose: probe each test's training run "
+           "and diagnose GPU failures: on (default) or off", default="on", metavar="on|off"),
+    Option("--gpu-profile-steps", "gpu_profile_steps", "with --gpu-diagnose: the optimizer "
+           "steps of each test that torch.profiler records, e.g. 3-6 (default) or off",
+           default="3-6", metavar="FIRST-LAST"),
 )
 
 
-def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup("gputrain", "GPU training diagnosis and assertions (pytest-gputrain)")
-    for option in OPTIONS:
+GROUP = "gputrain"
+GROUP_DESCRIPTION = "GPU training diagnosis and assertions (pytest-gputrain)"
+
+
+def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> None:
+    """Register each option on the command line and as its ini twin (every feature uses this)."""
+    group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
+    for option in table:
+        cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
         if option.kind == "bool":
             group.addoption(option.flag, action="store_true", default=None, dest=option.ini,
-                            help=option.help)
+                            help=cli_help)
             parser.addini(option.ini, option.help, type="bool", default=option.default)
         elif option.kind == "args":
             group.addoption(option.flag, action="append", default=None, dest=option.ini,
-                            metavar=option.metavar, help=option.help)
+                            metavar=option.metavar, help=cli_help)
             parser.addini(option.ini, option.help, type="args", default=option.default)
         else:
             group.addoption(option.flag, action="store", default=None, dest=option.ini,
-                            metavar=option.metavar, help=option.help)
+                            metavar=option.metavar, help=cli_help)
             parser.addini(option.ini, option.help, type="string", default=option.default)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,8 +316,13 @@ def own_process_ids() -> set[int]:
     return pids
 
 
-def read_sample(index: int, nvml: Nvml | None = None) -> DeviceSample | None:
-    """One cheap sample of a GPU's state (for samplers); None when NVML cannot answer."""
+def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | None = None
+                ) -> DeviceSample | None:
+    """One cheap sample of a GPU's state (for samplers); None when NVML cannot answer.
+
+    With ``pids``, the sample also holds the memory those processes use on the GPU
+    (``process_memory``: one more NVML call, the compute process list).
+    """
     nvml = nvml or shared()
     handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
     if not handle.ok:
@@ -337,7 +342,25 @@ def read_sample(index: int, nvml: Nvml | None = None) -> DeviceSample | None:
         temperature=float(temperature.value) if temperature.ok else None,
         sm_clock=float(clock.value) if clock.ok else None,
         clock_event_reasons=int(reasons.value) if reasons.ok else None,
+        process_memory=read_process_memory(h, pids, nvml) if pids is not None else None,
     )
+
+
+def read_process_memory(handle: Any, pids: Collection[int], nvml: Nvml | None = None
+                        ) -> int | None:
+    """GPU memory the processes ``pids`` hold on a device (0 when none of them is listed)."""
+    nvml = nvml or shared()
+    reading = nvml.first(("nvmlDeviceGetComputeRunningProcesses_v3",
+                          "nvmlDeviceGetComputeRunningProcesses"), handle)
+    if not reading.ok:
+        return None
+    wanted = set(pids)
+    total = 0
+    for info in reading.value:
+        used = getattr(info, "usedGpuMemory", None)
+        if int(info.pid) in wanted and isinstance(used, int) and used >= 0:
+            total += used
+    return total
 
 
 def index_for_uuid(uuid: str, nvml: Nvml | None = None) -> int | None:

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import read
+from pytest_gputrain.options import Option, read
+from pytest_gputrain.options import add_options as register
 from pytest_gputrain.units import parse_percent
 
-GROUP = "gputrain"
-GROUP_DESCRIPTION = "GPU training diagnosis and assertions (pytest-gputrain)"
 METRICS = ("step_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
@@ -27,58 +26,38 @@ DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
 RESERVED_NAMES = ("latest",)
 
 
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    ini: str
-    help: str
-    kind: str = "string"  # string | bool
-    default: Any = None
-    metavar: str | None = None
-
-
-OPTIONS: tuple[_Option, ...] = (
-    _Option("--gpu-save", "gpu_save", "save this session's gpu_benchmark results in the store "
+OPTIONS: tuple[Option, ...] = (
+    Option("--gpu-save", "gpu_save", "save this session's gpu_benchmark results in the store "
             "as a run named NAME (e.g. the branch)", metavar="NAME"),
-    _Option("--gpu-compare", "gpu_compare", "compare gpu_benchmark results with a saved run: "
+    Option("--gpu-compare", "gpu_compare", "compare gpu_benchmark results with a saved run: "
             "NAME (its newest run), #ID, or latest; a regression fails the session",
             metavar="NAME|#ID|latest"),
-    _Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
+    Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
             f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
             metavar="SPEC"),
-    _Option("--gpu-alpha", "gpu_alpha", "significance level of the Mann-Whitney test of a "
+    Option("--gpu-alpha", "gpu_alpha", "significance level of the Mann-Whitney test of a "
             f"regression (default {DEFAULT_ALPHA})", metavar="ALPHA"),
-    _Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
+    Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
-    _Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
+    Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
             "to PATH as JSON", metavar="PATH"),
-    _Option("--gpu-store", "gpu_store", f"benchmark store file (SQLite; default {DEFAULT_STORE} "
+    Option("--gpu-store", "gpu_store", f"benchmark store file (SQLite; default {DEFAULT_STORE} "
             "in the rootdir)", metavar="PATH"),
-    _Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
+    Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
             "before timing (default 5)", metavar="N"),
-    _Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
+    Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
             "timed rounds (default 30)", metavar="N"),
-    _Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
+    Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
             "timed rounds (default 100)", metavar="N"),
-    _Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
+    Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
             "timed rounds after which no more are added beyond the minimum (default 5)",
             metavar="SECONDS"),
 )
 
 
 def add_options(parser: pytest.Parser) -> None:
-    group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
-    for option in OPTIONS:
-        cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
-        if option.kind == "bool":
-            group.addoption(option.flag, action="store_true", default=None, dest=option.ini,
-                            help=cli_help)
-            parser.addini(option.ini, option.help, type="bool", default=option.default)
-        else:
-            group.addoption(option.flag, action="store", default=None, dest=option.ini,
-                            metavar=option.metavar, help=cli_help)
-            parser.addini(option.ini, option.help, type="string", default=option.default)
+    register(parser, OPTIONS)
 
 
 @dataclass(frozen=True)

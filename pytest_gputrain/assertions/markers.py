@@ -1,0 +1,378 @@
+"""The GPU markers' arguments, parsed and validated into typed specs at collection.
+
+Import-light (stdlib and ``units`` only): this runs for every collected test that carries a GPU
+marker or fixture, and is imported when the plugin loads. A bad argument raises ``MarkerError``
+whose message names the marker, the value and a valid example; the plugin prefixes the test id
+and turns it into a usage error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_gputrain.units import format_bytes, parse_percent, parse_size
+
+REQUIRES_CUDA = "requires_cuda"
+MAX_VRAM = "max_vram"
+MIN_UTILIZATION = "min_utilization"
+GPU = "gpu"
+GPU_MARKERS = (REQUIRES_CUDA, MAX_VRAM, MIN_UTILIZATION, GPU)
+GPU_FIXTURES = ("gpu", "gpu_monitor")
+MEASURES = ("allocated", "reserved", "device")
+DEFAULT_INTERVAL = 0.05
+
+#: ``markers`` ini lines, registered by the plugin (shown by ``pytest --markers``).
+MARKER_HELP: tuple[str, ...] = (
+    "gpu: a GPU test (added to every test with a GPU marker or the gpu/gpu_monitor fixtures, so "
+    "`-m gpu` / `-m 'not gpu'` select them); skipped when no CUDA GPU is usable, failed instead "
+    "with --gpu-required.",
+    "requires_cuda(min_devices=1, min_capability=None, min_total_vram=None, min_free_vram=None, "
+    "bf16=False, min_torch=None, min_driver=None): skip unless a CUDA GPU meets every condition, "
+    "with the unmet one as the reason. min_capability=(8, 0) or \"8.0\"; sizes such as \"24GiB\"; "
+    "min_free_vram is free now, after other processes; min_torch=\"2.1\"; min_driver=\"535\". "
+    "Adds the gpu marker.",
+    "max_vram(limit, measure=\"allocated\"): fail the test when its peak GPU memory exceeds "
+    "limit (\"6GiB\", \"6 GB\", 6e9). measure: allocated (torch.cuda.max_memory_allocated, "
+    "default), reserved (caching allocator) or device (NVML: this process's memory, sampled). "
+    "The failure shows the peak, the excess and the top allocations. Adds the gpu marker.",
+    "min_utilization(percent, warmup=0, interval=0.05): fail the test when the mean GPU "
+    "utilization (NVML, sampled every interval seconds over the call phase, after warmup "
+    "seconds) is below percent (70 or \"70%\"). Adds the gpu marker.",
+)
+
+
+class MarkerError(ValueError):
+    """A marker argument that cannot be used."""
+
+
+@dataclass(frozen=True)
+class RequiresCuda:
+    """``@pytest.mark.requires_cuda(...)``: every condition must hold, else the test skips."""
+
+    min_devices: int = 1
+    min_capability: tuple[int, int] | None = None
+    min_total_vram: int | None = None
+    min_free_vram: int | None = None
+    bf16: bool = False
+    min_torch: str | None = None
+    min_driver: str | None = None
+
+
+@dataclass(frozen=True)
+class MaxVram:
+    """``@pytest.mark.max_vram(limit, measure=...)`` or the ``gpu_max_vram`` default."""
+
+    limit: int
+    measure: str = "allocated"
+    origin: str = "marker"  # "marker", or "gpu_max_vram" for the session default
+
+    @property
+    def explicit(self) -> bool:
+        return self.origin == "marker"
+
+
+@dataclass(frozen=True)
+class MinUtilization:
+    """``@pytest.mark.min_utilization(percent, warmup=..., interval=...)``."""
+
+    percent: float
+    warmup: float = 0.0
+    interval: float = DEFAULT_INTERVAL
+
+
+@dataclass(frozen=True)
+class GpuTestSpec:
+    """What the GPU markers and fixtures of one test ask for."""
+
+    requires: tuple[RequiresCuda, ...] = ()
+    max_vram: MaxVram | None = None
+    min_utilization: MinUtilization | None = None
+    fixtures: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def sample_interval(self) -> float:
+        if self.min_utilization is not None:
+            return min(self.min_utilization.interval, DEFAULT_INTERVAL)
+        return DEFAULT_INTERVAL
+
+    @property
+    def min_devices(self) -> int:
+        return max((r.min_devices for r in self.requires), default=1)
+
+
+# -- argument binding -----------------------------------------------------------------------------
+
+def _bind(marker: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+          positional: tuple[str, ...], keywords: tuple[str, ...], required: tuple[str, ...],
+          example: str) -> dict[str, Any]:
+    if len(args) > len(positional):
+        allowed = (f"at most {len(positional)} positional argument"
+                   f"{'s' if len(positional) != 1 else ''} ({', '.join(positional)})"
+                   if positional else "keyword arguments only")
+        raise MarkerError(f"{marker}: too many positional arguments {args!r}: {allowed}; "
+                          f"e.g. {example}")
+    bound = dict(zip(positional, args, strict=False))
+    for name, value in kwargs.items():
+        if name not in keywords:
+            import difflib
+
+            close = difflib.get_close_matches(name, keywords, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise MarkerError(f"{marker}: unknown argument {name!r}{hint}; valid: "
+                              f"{', '.join(keywords)}; e.g. {example}")
+        if name in bound:
+            raise MarkerError(f"{marker}: {name!r} given twice; e.g. {example}")
+        bound[name] = value
+    missing = [name for name in required if name not in bound]
+    if missing:
+        raise MarkerError(f"{marker}: missing {', '.join(repr(m) for m in missing)}; "
+                          f"e.g. {example}")
+    return bound
+
+
+def _size(marker: str, name: str, value: Any, example: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        where = "" if name == "limit" else f" {name}:"
+        text = str(exc)
+        hint = "" if "e.g." in text or "such as" in text else f"; e.g. {example}"
+        raise MarkerError(f"{marker}:{where} {text}{hint}") from None
+
+
+def _positive_int(marker: str, name: str, value: Any, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MarkerError(f"{marker}: {name}: invalid value {value!r}: expected a whole number "
+                          f">= 1; e.g. {example}")
+    return value
+
+
+_CAPABILITY_RE = re.compile(r"^\s*(?:sm_?)?(\d{1,2})(?:\.(\d))?\s*$", re.IGNORECASE)
+_CAPABILITY_COMPACT_RE = re.compile(r"^\s*sm_?(\d)(\d)\s*$", re.IGNORECASE)
+
+
+def parse_capability(value: Any) -> tuple[int, int]:
+    """``(8, 0)``, ``[8, 0]``, ``"8.0"``, ``"8"``, ``8``, ``8.6``, ``"sm_80"`` -> ``(8, 0)``."""
+    error = (f"invalid compute capability {value!r}: expected (major, minor) such as (8, 0) "
+             "or \"8.0\"")
+    if isinstance(value, tuple | list):
+        if (len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                    for v in value) and 1 <= value[0] <= 99
+                and 0 <= value[1] <= 9):
+            return int(value[0]), int(value[1])
+        raise ValueError(error)
+    if isinstance(value, bool):
+        raise ValueError(error)
+    if isinstance(value, int):
+        value = str(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(error)
+        value = f"{value:.1f}"
+    if not isinstance(value, str):
+        raise ValueError(error)
+    compact = _CAPABILITY_COMPACT_RE.match(value)
+    if compact:
+        return int(compact.group(1)), int(compact.group(2))
+    match = _CAPABILITY_RE.match(value)
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(error)
+    return int(match.group(1)), int(match.group(2) or 0)
+
+
+_VERSION_RE = re.compile(r"^\s*(\d+(?:\.\d+)*)")
+
+
+def version_tuple(text: str) -> tuple[int, ...] | None:
+    """Leading release numbers of a version: ``"2.13.0+cpu"`` -> ``(2, 13, 0)``."""
+    match = _VERSION_RE.match(text)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def version_at_least(have: str, need: str) -> bool | None:
+    """``have >= need`` comparing release numbers (2.1 == 2.1.0); None when unparseable."""
+    a, b = version_tuple(have), version_tuple(need)
+    if a is None or b is None:
+        return None
+    width = max(len(a), len(b))
+    return a + (0,) * (width - len(a)) >= b + (0,) * (width - len(b))
+
+
+def _version(marker: str, name: str, value: Any, example: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise MarkerError(f"{marker}: {name}: invalid version {value!r}: expected a string such "
+                          f"as {example}")
+    text = str(value).strip()
+    if not re.fullmatch(r"\d+(\.\d+)*", text):
+        raise MarkerError(f"{marker}: {name}: invalid version {value!r}: expected numbers "
+                          f"separated by dots, e.g. {example}")
+    return text
+
+
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|sec|min)?\s*$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds: ``2``, ``0.5``, ``"2s"``, ``"500ms"``, ``"1min"``."""
+    error = f"invalid duration {value!r}: expected seconds such as 2, 0.5, \"2s\" or \"500ms\""
+    if isinstance(value, bool):
+        raise ValueError(error)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION_RE.match(value)
+        if not match:
+            raise ValueError(error)
+        unit = match.group(2) or "s"
+        seconds = float(match.group(1)) * {"ms": 0.001, "s": 1.0, "sec": 1.0, "min": 60.0}[unit]
+    else:
+        raise ValueError(error)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"invalid duration {value!r}: must be a finite, non-negative time")
+    return seconds
+
+
+# -- the markers ----------------------------------------------------------------------------------
+
+REQUIRES_EXAMPLE = ('@pytest.mark.requires_cuda(min_devices=1, min_capability=(8, 0), '
+                    'min_free_vram="24GiB", bf16=True, min_torch="2.1", min_driver="535")')
+MAX_VRAM_EXAMPLE = '@pytest.mark.max_vram("6GiB", measure="reserved")'
+MIN_UTIL_EXAMPLE = '@pytest.mark.min_utilization(70, warmup=2, interval=0.05)'
+
+
+def parse_requires_cuda(*args: Any, **kwargs: Any) -> RequiresCuda:
+    marker = REQUIRES_CUDA
+    fields = ("min_devices", "min_capability", "min_total_vram", "min_free_vram", "bf16",
+              "min_torch", "min_driver")
+    bound = _bind(marker, args, kwargs, (), fields, (), REQUIRES_EXAMPLE)
+    result: dict[str, Any] = {}
+    if "min_devices" in bound:
+        result["min_devices"] = _positive_int(marker, "min_devices", bound["min_devices"],
+                                              "min_devices=2")
+    if bound.get("min_capability") is not None:
+        try:
+            result["min_capability"] = parse_capability(bound["min_capability"])
+        except ValueError as exc:
+            raise MarkerError(f"{marker}: min_capability: {exc}; e.g. "
+                              "min_capability=(8, 0)") from None
+    for name in ("min_total_vram", "min_free_vram"):
+        if bound.get(name) is not None:
+            result[name] = _size(marker, name, bound[name], f'{name}="24GiB"')
+    if "bf16" in bound:
+        if not isinstance(bound["bf16"], bool):
+            raise MarkerError(f"{marker}: bf16: invalid value {bound['bf16']!r}: expected True "
+                              "or False; e.g. bf16=True")
+        result["bf16"] = bound["bf16"]
+    if bound.get("min_torch") is not None:
+        result["min_torch"] = _version(marker, "min_torch", bound["min_torch"],
+                                       'min_torch="2.1"')
+    if bound.get("min_driver") is not None:
+        result["min_driver"] = _version(marker, "min_driver", bound["min_driver"],
+                                        'min_driver="535"')
+    return RequiresCuda(**result)
+
+
+def _measure(marker: str, value: Any, example: str) -> str:
+    if not isinstance(value, str) or value.strip().lower() not in MEASURES:
+        raise MarkerError(f"{marker}: measure: invalid value {value!r}: expected one of "
+                          f"{', '.join(repr(m) for m in MEASURES)}; e.g. {example}")
+    return value.strip().lower()
+
+
+def parse_max_vram(*args: Any, **kwargs: Any) -> MaxVram:
+    marker = MAX_VRAM
+    bound = _bind(marker, args, kwargs, ("limit", "measure"), ("limit", "measure"), ("limit",),
+                  MAX_VRAM_EXAMPLE)
+    limit = _size(marker, "limit", bound["limit"], MAX_VRAM_EXAMPLE)
+    if limit <= 0:
+        raise MarkerError(f"{marker}: limit: must be above zero, got {bound['limit']!r}; "
+                          f"e.g. {MAX_VRAM_EXAMPLE}")
+    measure = _measure(marker, bound.get("measure", "allocated"), MAX_VRAM_EXAMPLE)
+    return MaxVram(limit=limit, measure=measure)
+
+
+def parse_min_utilization(*args: Any, **kwargs: Any) -> MinUtilization:
+    marker = MIN_UTILIZATION
+    bound = _bind(marker, args, kwargs, ("percent",), ("percent", "warmup", "interval"),
+                  ("percent",), MIN_UTIL_EXAMPLE)
+    try:
+        percent = parse_percent(bound["percent"])
+    except ValueError as exc:
+        raise MarkerError(f"{marker}: percent: {exc}; e.g. {MIN_UTIL_EXAMPLE}") from None
+    try:
+        warmup = parse_duration(bound.get("warmup", 0.0))
+    except ValueError as exc:
+        raise MarkerError(f"{marker}: warmup: {exc}; e.g. {MIN_UTIL_EXAMPLE}") from None
+    try:
+        interval = parse_duration(bound.get("interval", DEFAULT_INTERVAL))
+    except ValueError as exc:
+        raise MarkerError(f"{marker}: interval: {exc}; e.g. {MIN_UTIL_EXAMPLE}") from None
+    if not 0.001 <= interval <= 10:
+        raise MarkerError(f"{marker}: interval: {bound.get('interval')!r} is outside 1 ms to "
+                          f"10 s; e.g. {MIN_UTIL_EXAMPLE}")
+    return MinUtilization(percent=percent, warmup=warmup, interval=interval)
+
+
+def parse_default_max_vram(text: str) -> MaxVram:
+    """The ``gpu_max_vram`` ini value: ``"20GiB"`` or ``"20GiB:reserved"``."""
+    size_text, _, measure = str(text).partition(":")
+    example = "gpu_max_vram = 20GiB (or 20GiB:reserved)"
+    try:
+        limit = parse_size(size_text.strip())
+    except ValueError as exc:
+        raise MarkerError(f"{exc}; e.g. {example}") from None
+    if limit <= 0:
+        raise MarkerError(f"invalid size {text!r}: must be above zero; e.g. {example}")
+    return MaxVram(limit=limit, measure=_measure("gpu_max_vram", measure or "allocated", example),
+                   origin="gpu_max_vram")
+
+
+PARSERS = {
+    REQUIRES_CUDA: parse_requires_cuda,
+    MAX_VRAM: parse_max_vram,
+    MIN_UTILIZATION: parse_min_utilization,
+}
+
+
+def build_spec(marks: Iterable[tuple[str, tuple[Any, ...], Mapping[str, Any]]],
+               fixturenames: Iterable[str], default_max_vram: MaxVram | None = None
+               ) -> GpuTestSpec | None:
+    """The spec of a test from its markers (closest first) and fixture names; None if not GPU.
+
+    Every ``requires_cuda`` applies (class and function markers add up); for ``max_vram`` and
+    ``min_utilization`` the closest marker wins. Raises ``MarkerError`` on a bad argument.
+    """
+    requires: list[RequiresCuda] = []
+    max_vram: MaxVram | None = None
+    min_util: MinUtilization | None = None
+    is_gpu = False
+    for name, args, kwargs in marks:
+        if name not in GPU_MARKERS:
+            continue
+        is_gpu = True
+        if name == REQUIRES_CUDA:
+            requires.append(parse_requires_cuda(*args, **kwargs))
+        elif name == MAX_VRAM:
+            parsed = parse_max_vram(*args, **kwargs)
+            max_vram = max_vram or parsed
+        elif name == MIN_UTILIZATION:
+            parsed_util = parse_min_utilization(*args, **kwargs)
+            min_util = min_util or parsed_util
+    fixtures = frozenset(name for name in fixturenames if name in GPU_FIXTURES)
+    if not is_gpu and not fixtures:
+        return None
+    return GpuTestSpec(
+        requires=tuple(requires) or (RequiresCuda(),),
+        max_vram=max_vram or default_max_vram,
+        min_utilization=min_util,
+        fixtures=fixtures,
+    )
+
+
+def describe_size(value: int) -> str:
+    """``format_bytes`` without a trailing ``.0``: ``24 GiB``, ``7.9 GiB``."""
+    return format_bytes(value).replace(".0 ", " ")
