@@ -28,11 +28,14 @@ class DiagnoseSession:
         self.engine = engine
         self._environment: EnvironmentFacts | None = None
         self._findings: list[Finding] | None = None
-        # Other features (run probe, ladder) add their findings, facts and report sections here.
-        self.extra_findings: list[Finding] = []
+        # Recorded facts from the run probe and the distributed launcher; findings come from
+        # them exactly as a replay computes them. Other features add report sections.
         self.runs: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
+        self.distributed: list[dict[str, Any]] = []
         self.sections: dict[str, Any] = {}
+        self._run_findings: list[Finding] = []
+        self._run_findings_key: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def environment(self) -> EnvironmentFacts:
@@ -46,7 +49,13 @@ class DiagnoseSession:
     def findings(self) -> list[Finding]:
         if self._findings is None:
             self._findings = self.engine.evaluate_environment(self.environment)
-        return sort_findings(self._findings + self.extra_findings)
+        # Run and failure findings come from the recorded facts, exactly as a replay computes
+        # them (under xdist the workers' facts arrive at the controller when each worker ends).
+        key = (len(self.runs), len(self.failures), len(self.distributed))
+        if key != self._run_findings_key:
+            self._run_findings = self.engine.evaluate_recorded_runs(self.facts_file())
+            self._run_findings_key = key
+        return sort_findings(self._findings + self._run_findings)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return header_lines(self.environment)
@@ -60,6 +69,12 @@ class DiagnoseSession:
             color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
                 line.split(" ", 1)[0], {})
             terminalreporter.write_line(line, **color)
+        if self.runs:
+            from pytest_gputrain.probe.summary import runs_lines
+
+            terminalreporter.write_line("")
+            for line in runs_lines(self.runs, width=width):
+                terminalreporter.write_line(line)
         for path in self.settings.reports:
             terminalreporter.write_line(f"gputrain: report written to {path}")
         if self.settings.facts_out:
@@ -82,11 +97,34 @@ class DiagnoseSession:
             session.exitstatus = pytest.ExitCode.OK
         yield
 
+    # -- pytest-xdist: environment to the workers, run facts back ---------------------------------
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        from pytest_gputrain.probe.session import WORKER_ENVIRONMENT
+
+        node.workerinput[WORKER_ENVIRONMENT] = self.environment.model_dump_json()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        from pytest_gputrain.probe.session import WORKER_FAILURES, WORKER_RUNS
+
+        output = getattr(node, "workeroutput", None) or {}
+        self.runs.extend(output.get(WORKER_RUNS, []))
+        self.failures.extend(output.get(WORKER_FAILURES, []))
+
     def facts_file(self) -> FactsFile:
-        return FactsFile(environment=self.environment, runs=self.runs, failures=self.failures)
+        return FactsFile(environment=self.environment, runs=self.runs, failures=self.failures,
+                         distributed=self.distributed)
 
     def _write_outputs(self) -> None:
         findings = self.findings
+        for extra in self.config.hook.pytest_gputrain_report_sections(config=self.config):
+            self.sections.update(extra or {})
+        if self.runs:
+            from pytest_gputrain.probe.summary import runs_section
+
+            self.sections["runs"] = runs_section(self.runs)
         for path in self.settings.reports:
             report = build_report(self.environment, findings, self.settings.fail_on,
                                   self.sections)

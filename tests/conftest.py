@@ -12,11 +12,31 @@ import pytest
 # pytester's in-process runs forget modules first imported inside them, and torch cannot be
 # imported twice in one process: import it, and the plugin's lazily loaded modules, up front.
 try:
-    import torch  # noqa: F401
+    import torch
 except ImportError:
-    pass
+    torch = None
 import pytest_gputrain.collect
-import pytest_gputrain.diagnose  # noqa: F401
+import pytest_gputrain.diagnose
+import pytest_gputrain.probe.session  # noqa: F401
+
+
+def _import_torch_lazy_modules() -> None:
+    """torch imports some modules on first use (an optimizer step pulls in torch._dynamo, which
+    registers operator libraries); a first use inside an in-process pytester run would import
+    them there, forget them after, and fail to register them again in the next run."""
+    if torch is None:
+        return
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for (x,) in DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2):
+        model(x).sum().backward()
+        optimizer.step()
+    torch.compiler.is_compiling()
+
+
+_import_torch_lazy_modules()
 
 FACTS_DIR = Path(__file__).parent / "facts"
 

@@ -34,7 +34,7 @@ from pytest_gputrain.findings import Finding
 TESTS = Path(__file__).resolve().parent
 FACTS_DIR = TESTS / "facts"
 CASES_DIR = TESTS / "rule_cases"
-CASE_KEYS = {"name", "base", "expect", "set", "unset", "params"}
+CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist"}
 EXPECTATIONS = ("fires", "quiet")
 
 
@@ -47,6 +47,8 @@ class Case:
     set: dict[str, Any] = field(default_factory=dict)
     unset: tuple[str, ...] = ()
     params: dict[str, Any] = field(default_factory=dict)
+    # Rules of scope "distributed" (GT3xx): fields of one launch's DistributedRunFacts.
+    dist: dict[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -76,6 +78,7 @@ def _load_cases() -> list[Case]:
                     set=dict(raw.get("set", {})),
                     unset=tuple(raw.get("unset", [])),
                     params=dict(raw.get("params", {})),
+                    dist=dict(raw.get("dist", {})),
                 )
             )
     return cases
@@ -128,13 +131,27 @@ def _assign(root: dict[str, Any], path: str, value: Any) -> None:
             raise AssertionError(f"{path}: '{where}' is inside a value, not a group or list")
 
 
-def case_facts(case: Case) -> EnvironmentFacts:
+def _target(data: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
+    """Where a case path points: ``run.*`` / ``failure.*`` into the base's first recorded run or
+    failure (run-scope and failure-scope rules, GT1xx/GT2xx), anything else into environment."""
+    for prefix, key in (("run.", "runs"), ("failure.", "failures")):
+        if path.startswith(prefix):
+            assert data[key], f"{path}: the base facts file records no {key}"
+            return data[key][0], path.removeprefix(prefix)
+    return data["environment"], path
+
+
+def case_facts_file(case: Case) -> FactsFile:
     data = copy.deepcopy(_base_json(case.base))
     for path, value in case.set.items():
-        _assign(data["environment"], path, value)
+        _assign(*_target(data, path), value)
     for path in case.unset:
-        _assign(data["environment"], path, None)
-    return FactsFile.model_validate(data).environment
+        _assign(*_target(data, path), None)
+    return FactsFile.model_validate(data)
+
+
+def case_facts(case: Case) -> EnvironmentFacts:
+    return case_facts_file(case).environment
 
 
 def rules() -> list[Rule]:
@@ -159,8 +176,14 @@ def _broken(findings: list[Finding]) -> list[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_rule_case(case: Case) -> None:
-    env = case_facts(case)
+    facts = case_facts_file(case)
+    env = facts.environment
     findings = engine_for(case).evaluate_environment(env)
+    findings = engine_for(case).evaluate_recorded_runs(facts, findings)  # GT1xx, GT2xx
+    if case.dist:
+        from pytest_gputrain.distributed.report import evaluate_data
+
+        findings += evaluate_data(engine_for(case), env, case.dist)
     assert not _broken(findings), "\n".join(_broken(findings))
     mine = [finding for finding in findings if finding.code == case.code]
     if case.expect == "fires":
@@ -265,5 +288,41 @@ def test_rule_is_documented(rule: Rule) -> None:
 
 def test_rule_codes_are_environment_codes() -> None:
     for rule in rules():
+        if rule.code.startswith("GT3"):  # multi-GPU rules: tests/test_distributed_rules.py
+            continue
+        if rule.code.startswith(("GT1", "GT2")):  # run and failure rules
+            continue
         assert re.fullmatch(r"GT0\d\d", rule.code), rule.code
         assert rule.scope in ("session", "device"), rule.code
+
+
+def test_run_and_failure_codes_match_their_scopes() -> None:
+    for rule in rules():
+        if rule.code.startswith("GT1"):
+            assert re.fullmatch(r"GT1\d\d", rule.code) and rule.scope == "run", rule.code
+        elif rule.code.startswith("GT2"):
+            assert re.fullmatch(r"GT2\d\d", rule.code) and rule.scope == "failure", rule.code
+        else:
+            assert rule.scope not in ("run", "failure"), rule.code
+
+
+def test_healthy_recorded_run_raises_nothing_at_warning_or_error() -> None:
+    """A well-written loop (pinned memory, workers, AMP, no_grad eval, big batch) on an H200."""
+    for name in ("run_healthy_h200", "run_failure_h200"):
+        facts = FactsFile.model_validate(_base_json(name))
+        findings = engine().evaluate_recorded_runs(facts)
+        assert not _broken(findings)
+        assert _by_severity(findings, "error") == [], name
+        assert _by_severity(findings, "warning") == [], name
+        assert {f.code for f in findings} <= {"GT111", "GT114"}, name
+
+
+def test_recorded_run_findings_are_deterministic() -> None:
+    for case in CASES:
+        if not case.code.startswith(("GT1", "GT2")):
+            continue
+        facts = case_facts_file(case)
+        first = [f.model_dump() for f in engine_for(case).evaluate_recorded_runs(facts)]
+        again = [f.model_dump() for f in engine_for(case).evaluate_recorded_runs(
+            FactsFile.model_validate_json(facts.model_dump_json()))]
+        assert first == again, case.id

@@ -11,8 +11,9 @@ from pytest_gputrain.engine.config import RuleConfig, apply_config
 from pytest_gputrain.engine.expr import UNKNOWN, EvaluationError
 from pytest_gputrain.engine.rules import Rule, RuleFileError, builtin_rules_dir, load_rules
 from pytest_gputrain.engine.vocabulary import scope_names
-from pytest_gputrain.facts import EnvironmentFacts, device_namespace, session_namespace
+from pytest_gputrain.facts import EnvironmentFacts, FactsFile, device_namespace, session_namespace
 from pytest_gputrain.findings import Evidence, Finding, sort_findings
+from pytest_gputrain.run_facts import FailureFacts, RunFacts, failure_namespace, run_namespace
 from pytest_gputrain.units import format_value
 
 # name -> (value, unit, why unknown)
@@ -52,6 +53,41 @@ class RuleEngine:
                 subject += f" (cuda:{device.torch_index})"
             findings.extend(self.evaluate_scope("device", device_namespace(env, device), subject))
         return sort_findings(findings)
+
+    def evaluate_run(self, env: EnvironmentFacts, run: RunFacts) -> list[Finding]:
+        """Run-scope rules over one test's run facts (subject: the test's node id)."""
+        return sort_findings(self.evaluate_scope("run", run_namespace(env, run), run.nodeid))
+
+    def evaluate_failure(self, env: EnvironmentFacts, failure: FailureFacts,
+                         run: RunFacts | None = None) -> list[Finding]:
+        """Failure-scope rules over one failed test (its run facts too, when recorded)."""
+        namespace = failure_namespace(env, failure, run)
+        return sort_findings(self.evaluate_scope("failure", namespace, failure.nodeid))
+
+    def evaluate_recorded_runs(self, facts: FactsFile,
+                               findings: Iterable[Finding] = ()) -> list[Finding]:
+        """``findings`` plus those of every recorded run, failure and distributed launch.
+
+        Raises pydantic's ValidationError when a recorded run or failure is malformed.
+        """
+        result = list(findings)
+        runs: dict[str, RunFacts] = {}
+        for data in facts.runs:
+            run = RunFacts.model_validate(data)
+            runs[run.nodeid] = run
+            result.extend(self.evaluate_run(facts.environment, run))
+        for data in facts.failures:
+            failure = FailureFacts.model_validate(data)
+            result.extend(self.evaluate_failure(facts.environment, failure,
+                                                runs.get(failure.nodeid)))
+        if facts.distributed:
+            from pytest_gputrain.distributed.facts import DistributedRunFacts
+            from pytest_gputrain.distributed.report import evaluate, subject_of
+
+            for data in facts.distributed:
+                launch = DistributedRunFacts.model_validate(data)
+                result.extend(evaluate(self, facts.environment, launch, subject_of(launch)))
+        return sort_findings(result)
 
 
 def _check_names(rule: Rule) -> None:

@@ -1,0 +1,182 @@
+"""DataLoader timing: time blocked in the iterator's ``__next__`` and the loader's settings.
+
+The wrapper replaces ``_BaseDataLoaderIter.__next__`` (every single- and multi-process
+iterator inherits it) for the duration of one test. Per batch it costs two clock reads and a
+dictionary lookup; the first two batches of each iterator are also inspected (device, pinned).
+Iterators are tracked through weak references, so a finished epoch's workers shut down as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+_perf = time.perf_counter
+INSPECTED_BATCHES = 2
+
+
+@dataclass
+class LoaderState:
+    """Running totals of one DataLoader (iterators that share dataset and settings)."""
+
+    dataset: str
+    num_workers: int | None
+    pin_memory: bool | None
+    persistent_workers: bool | None
+    prefetch_factor: int | None
+    batch_size: int | None
+    iterators: int = 0
+    batches: int = 0
+    wait: float = 0.0
+    wait_max: float = 0.0
+    first_batch_wait: float = 0.0
+    later_first_batch_wait: float = 0.0
+    batch_pinned: bool | None = None
+    batch_device: str | None = None
+
+
+@dataclass
+class IteratorState:
+    loader: LoaderState
+    seen: int = 0
+
+
+@dataclass
+class LoaderTracker:
+    """Loaders and iterators seen during one test."""
+
+    loaders: dict[tuple[Any, ...], LoaderState] = field(default_factory=dict)
+    iterators: weakref.WeakKeyDictionary[Any, IteratorState] = field(
+        default_factory=weakref.WeakKeyDictionary)
+    cuda_initialized: Callable[[], bool] = lambda: False
+
+    def state_for(self, iterator: Any) -> IteratorState:
+        state = self.iterators.get(iterator)
+        if state is None:
+            settings = read_settings(iterator)
+            key = (id(getattr(iterator, "_dataset", None)), *settings.values())
+            loader = self.loaders.get(key)
+            if loader is None:
+                loader = LoaderState(**settings)
+                self.loaders[key] = loader
+            loader.iterators += 1
+            state = IteratorState(loader)
+            # An iterator that cannot be weakly referenced is counted, not tracked.
+            with contextlib.suppress(TypeError):
+                self.iterators[iterator] = state
+        return state
+
+    def on_batch(self, iterator: Any, batch: Any, wait: float) -> bool:
+        """Record one batch; True when it is the first batch of a later epoch (worker start)."""
+        state = self.state_for(iterator)
+        loader = state.loader
+        loader.batches += 1
+        loader.wait += wait
+        if wait > loader.wait_max:
+            loader.wait_max = wait
+        epoch_start = False
+        if state.seen == 0:
+            loader.first_batch_wait += wait
+            if loader.iterators > 1:
+                loader.later_first_batch_wait += wait
+                epoch_start = True
+        if state.seen < INSPECTED_BATCHES:
+            self._inspect(loader, batch)
+        state.seen += 1
+        return epoch_start
+
+    def _inspect(self, loader: LoaderState, batch: Any) -> None:
+        tensor = first_tensor(batch)
+        if tensor is None:
+            return
+        loader.batch_device = str(tensor.device)
+        if tensor.device.type != "cpu":
+            loader.batch_pinned = None
+        elif self.cuda_initialized():
+            # is_pinned() asks CUDA; only once it is initialised (never create a context here).
+            loader.batch_pinned = bool(tensor.is_pinned())
+        else:
+            loader.batch_pinned = False
+        if loader.batch_size is None and tensor.dim() > 0:
+            loader.batch_size = int(tensor.shape[0])
+
+
+def read_settings(iterator: Any) -> dict[str, Any]:
+    """The loader settings an iterator carries (private attributes, read defensively)."""
+    sampler = getattr(iterator, "_index_sampler", None)
+    batch_size = getattr(sampler, "batch_size", None)
+    prefetch = getattr(iterator, "_prefetch_factor", None)
+    workers = getattr(iterator, "_num_workers", None)
+    pin = getattr(iterator, "_pin_memory", None)
+    persistent = getattr(iterator, "_persistent_workers", None)
+    return {
+        "dataset": type(getattr(iterator, "_dataset", None)).__name__,
+        "num_workers": workers if isinstance(workers, int) else None,
+        "pin_memory": pin if isinstance(pin, bool) else None,
+        "persistent_workers": persistent if isinstance(persistent, bool) else None,
+        "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
+        "batch_size": batch_size if isinstance(batch_size, int) else None,
+    }
+
+
+def first_tensor(value: Any, depth: int = 0) -> Any:
+    """The first tensor in a batch (tensor, tuple/list, dict or an object with tensors)."""
+    if hasattr(value, "is_pinned") and hasattr(value, "device"):
+        return value
+    if depth >= 3:
+        return None
+    if isinstance(value, dict) or (hasattr(value, "values") and hasattr(value, "keys")):
+        try:
+            items = list(value.values())
+        except Exception:
+            return None
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        return None
+    for item in items[:16]:
+        found = first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def wrap_next(original: Callable[[Any], Any], probe: Any) -> Callable[[Any], Any]:
+    def __next__(self: Any) -> Any:
+        started = _perf()
+        batch = original(self)  # StopIteration and loader errors pass through untouched
+        probe.on_batch(self, batch, _perf() - started)
+        return batch
+
+    __next__.__wrapped__ = original  # type: ignore[attr-defined]
+    __next__.__qualname__ = getattr(original, "__qualname__", "__next__")
+    __next__._gputrain_probe = True  # type: ignore[attr-defined]
+    return __next__
+
+
+def cpu_count() -> int | None:
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        try:
+            return len(affinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+def processes_per_host(environ: dict[str, str] | None = None) -> int:
+    """Training processes sharing this host's CPUs: LOCAL_WORLD_SIZE x xdist workers."""
+    environ = dict(os.environ) if environ is None else environ
+
+    def number(name: str) -> int:
+        try:
+            return max(1, int(environ.get(name, "1")))
+        except ValueError:
+            return 1
+
+    return number("LOCAL_WORLD_SIZE") * number("PYTEST_XDIST_WORKER_COUNT")

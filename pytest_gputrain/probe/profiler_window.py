@@ -1,0 +1,320 @@
+"""A short torch.profiler window (CUDA activity only) and what only a profiler sees.
+
+The window covers a few steps of each diagnosed test (``gpu_profile_steps``, default 3-6). It
+records GPU activity (kernels, copies) and the CUDA runtime calls that launched them, and yields:
+
+- kernel busy time / wall time of the profiled steps (the TensorBoard profiler plugin's "GPU
+  utilization": < 50 % means the GPU mostly waits);
+- kernel count and mean duration per step (HolisticTraceAnalysis: kernels < 50 µs mark a
+  launch-bound run), and how much of the GPU's idle time was host wait (the next kernel was
+  launched only after the GPU had gone idle);
+- host-to-device copies from pageable vs pinned memory (Nsight Systems' pageable-memcpy rule);
+- matmul/convolution kernels and whether they run on tensor cores (kernel names);
+- ``cuda*Synchronize`` calls per step.
+
+``analyse`` is a pure function over plain event records, so it is tested on CPU machines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SHORT_KERNEL_NS = 50_000  # HolisticTraceAnalysis: kernels under 50 µs are "short"
+
+# Matmul and convolution kernels (cuBLAS, cuBLASLt/nvjet, cuDNN, CUTLASS, xmma, Triton mm).
+GEMM_PATTERN = re.compile(
+    r"gemm|conv|fprop|dgrad|wgrad|matmul|cutlass|xmma|gmma|nvjet|winograd|implicit_convolve"
+    r"|cublas|\bmm_|_mm\b|triton_tem_fused_mm|bmm",
+    re.IGNORECASE,
+)
+# Kernels that run on tensor cores: MMA instruction families and reduced-precision or TF32 data
+# types in cuBLAS/cuBLASLt (nvjet)/cuDNN/CUTLASS kernel names. Plain FP32 kernels say sgemm, simt,
+# ffma or f32f32_f32f32 (seen on an H200: sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...,
+# cutlass_80_simt_sgemm_...; TF32: sm90_xmma_gemm_f32f32_tf32f32_...; bf16: nvjet_sm90_tst_...).
+TENSOR_CORE_PATTERN = re.compile(
+    r"hmma|wgmma|gmma|tensorop|[shi]16816|[shi]1688|[shi]884|imma|bf16|fp16|f16|half|tf32"
+    r"|e4m3|e5m2|nvjet|tensor\d+x\d+x\d+",
+    re.IGNORECASE,
+)
+NOT_TENSOR_CORE_PATTERN = re.compile(r"sgemm|simt|ffma|nvjet_sm\d+_sss", re.IGNORECASE)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset",
+                   "cuMemcpy", "cuMemset")
+_BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    name: str
+    start_ns: int
+    end_ns: int
+    correlation: int = 0
+    nbytes: int = 0
+
+    @property
+    def kind(self) -> str:
+        if self.name.startswith("Memcpy"):
+            return "memcpy"
+        if self.name.startswith("Memset"):
+            return "memset"
+        return "kernel"
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    name: str
+    start_ns: int
+    end_ns: int
+    correlation: int = 0
+
+
+def is_gemm(name: str) -> bool:
+    return GEMM_PATTERN.search(name) is not None
+
+
+def is_tensor_core(name: str) -> bool:
+    return (TENSOR_CORE_PATTERN.search(name) is not None
+            and NOT_TENSOR_CORE_PATTERN.search(name) is None)
+
+
+def _union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    total = 0
+    end = None
+    start = None
+    for begin, finish in sorted(intervals):
+        if end is None or begin > end:
+            if end is not None and start is not None:
+                total += end - start
+            start, end = begin, finish
+        elif finish > end:
+            end = finish
+    if end is not None and start is not None:
+        total += end - start
+    return total
+
+
+def _host_wait_ns(kernels: Sequence[GpuEvent], launches: dict[int, RuntimeEvent]
+                  ) -> tuple[int, int] | None:
+    """(idle ns between GPU activities, of which the host had not launched the next one yet)."""
+    if len(kernels) < 2 or not launches:
+        return None
+    ordered = sorted(kernels, key=lambda e: e.start_ns)
+    busy_until = ordered[0].end_ns
+    idle = host = 0
+    matched = 0
+    for event in ordered[1:]:
+        gap = event.start_ns - busy_until
+        if gap > 0:
+            idle += gap
+            launch = launches.get(event.correlation)
+            if launch is not None:
+                matched += 1
+                # Launched after the GPU went idle: the GPU waited for the host.
+                if launch.start_ns >= busy_until:
+                    host += gap
+                elif launch.end_ns > busy_until:
+                    host += min(gap, launch.end_ns - busy_until)
+        busy_until = max(busy_until, event.end_ns)
+    if matched == 0:
+        return None
+    return idle, host
+
+
+def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: float, steps: int,
+            own_syncs: int = 0) -> dict[str, Any]:
+    """ProfileFacts fields from a window's events (``wall`` seconds, ``steps`` steps)."""
+    steps = max(1, steps)
+    kernels = [e for e in gpu if e.kind == "kernel"]
+    copies = [e for e in gpu if e.kind == "memcpy"]
+    kernel_ns = _union_ns((e.start_ns, e.end_ns) for e in kernels)
+    wall_ns = max(1, int(wall * 1e9))
+    durations = [e.duration_ns for e in kernels]
+    gemm = [e for e in kernels if is_gemm(e.name)]
+    gemm_ns = sum(e.duration_ns for e in gemm)
+    tc = [e for e in gemm if is_tensor_core(e.name)]
+    tc_ns = sum(e.duration_ns for e in tc)
+    all_kernel_ns = sum(durations)
+    pageable = [e for e in copies if "HtoD" in e.name and "Pageable" in e.name]
+    pinned = [e for e in copies if "HtoD" in e.name and "Pinned" in e.name]
+    syncs = sum(1 for e in runtime if e.name in SYNC_CALLS)
+    syncs = max(0, syncs - own_syncs)
+    launches = {e.correlation: e for e in runtime
+                if e.correlation and e.name.startswith(LAUNCH_PREFIXES)}
+    waits = _host_wait_ns(kernels, launches)
+    by_name: dict[str, int] = {}
+    for event in kernels:
+        by_name[event.name] = by_name.get(event.name, 0) + event.duration_ns
+    top = sorted(by_name.items(), key=lambda item: -item[1])[:5]
+    facts: dict[str, Any] = {
+        "wall": wall,
+        "step_time": wall / steps,
+        "kernel_time": kernel_ns / 1e9,
+        "busy_percent": round(min(100.0, 100.0 * kernel_ns / wall_ns), 2),
+        "kernels": len(kernels),
+        "kernels_per_step": round(len(kernels) / steps, 2),
+        "kernel_mean": round(all_kernel_ns / len(kernels) / 1000, 3) if kernels else None,
+        "short_kernel_percent": round(
+            100.0 * sum(1 for d in durations if d < SHORT_KERNEL_NS) / len(kernels), 2)
+        if kernels else None,
+        "gemm_percent": round(100.0 * gemm_ns / all_kernel_ns, 2) if all_kernel_ns else None,
+        "tensor_core_percent": round(100.0 * tc_ns / gemm_ns, 2) if gemm_ns else None,
+        "tensor_core_kernels": len(tc),
+        "h2d_pageable_copies": len(pageable),
+        "h2d_pageable_bytes_per_step": (sum(e.nbytes for e in pageable) / steps
+                                        if any(e.nbytes for e in pageable) else
+                                        0.0 if not pageable else None),
+        "h2d_pageable_percent": round(
+            100.0 * sum(e.duration_ns for e in pageable) / wall_ns, 2),
+        "h2d_pinned_copies": len(pinned),
+        "syncs_per_step": round(syncs / steps, 2),
+        "host_wait_percent": round(100.0 * waits[1] / waits[0], 2) if waits and waits[0] else None,
+        "top_kernels": [f"{name[:120]} ({ns / 1e6:.2f} ms)" for name, ns in top],
+    }
+    return facts
+
+
+def _event_bytes(event: Any) -> int:
+    try:
+        value = int(event.nbytes())
+        if value > 0:
+            return value
+    except Exception:
+        pass
+    try:
+        match = _BYTES_RE.search(event.metadata_json() or "")
+        return int(match.group(1)) if match else 0
+    except Exception:
+        return 0
+
+
+def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent]]:
+    """Kineto events (``prof.profiler.kineto_results.events()``) as plain records."""
+    gpu: list[GpuEvent] = []
+    runtime: list[RuntimeEvent] = []
+    for event in events:
+        name = str(event.name())
+        start = int(event.start_ns())
+        end = start + int(event.duration_ns())
+        correlation = int(event.correlation_id() or 0)
+        if str(event.device_type()).endswith("CUDA"):
+            nbytes = _event_bytes(event) if name.startswith("Memcpy") else 0
+            gpu.append(GpuEvent(name, start, end, correlation, nbytes))
+        elif name.startswith(("cuda", "cu")):
+            runtime.append(RuntimeEvent(name, start, end, correlation))
+    return gpu, runtime
+
+
+class ProfilerWindow:
+    """Starts torch.profiler at one step boundary and stops it at a later one."""
+
+    def __init__(self, torch: Any, device_index: int) -> None:
+        self.torch = torch
+        self.device_index = device_index
+        self.profiler: Any = None
+        self.started_at = 0.0
+        self.first_step = 0
+
+    @staticmethod
+    def busy_reason(torch: Any) -> str | None:
+        """Why a window cannot start now (another profiler is running), else None."""
+        try:
+            if torch.autograd.profiler._is_profiler_enabled:
+                return "another torch profiler was running"
+        except Exception:
+            pass
+        try:
+            if torch._C._autograd._profiler_enabled():
+                return "another torch profiler was running"
+        except Exception:
+            pass
+        return None
+
+    def start(self, first_step: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self.first_step = first_step
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Profiler clears events..." is not the user's
+            self.profiler = profile(activities=[ProfilerActivity.CUDA])
+            self.profiler.start()
+        self.started_at = time.perf_counter()
+
+    def stop(self, steps: int, cuda_ok: bool = True) -> dict[str, Any]:
+        """Stop the profiler; with ``cuda_ok`` wait for the GPU first and analyse the events."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is None:
+            return {"captured": False, "reason": "the window never started"}
+        own_syncs = 0
+        if cuda_ok:
+            self.torch.cuda.synchronize(self.device_index)
+            own_syncs = 1
+        wall = time.perf_counter() - self.started_at
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            profiler.stop()
+        if not cuda_ok:
+            return {"captured": False, "reason": "the CUDA context failed during the window"}
+        results = getattr(profiler.profiler, "kineto_results", None)
+        if results is None:
+            return {"captured": False, "reason": "the profiler returned no events"}
+        gpu, runtime = convert(results.events())
+        if any(e.kind == "memcpy" and "Pageable" in e.name and not e.nbytes for e in gpu):
+            gpu = _with_trace_bytes(profiler, gpu)
+        if not gpu:
+            return {"captured": False, "reason": "the profiler saw no GPU activity (CUPTI "
+                    "unavailable, or no kernels in the window)", "steps": steps, "wall": wall}
+        facts = analyse(gpu, runtime, wall, steps, own_syncs=own_syncs)
+        facts.update(captured=True, steps=steps, first_step=self.first_step,
+                     last_step=self.first_step + steps - 1)
+        return facts
+
+
+def dump_kernel_names(events: Iterable[Any]) -> list[str]:
+    """Distinct GPU activity names (for the GPU tests and for tuning the patterns above)."""
+    gpu, _ = convert(events)
+    return sorted({event.name for event in gpu})
+
+
+def _with_trace_bytes(profiler: Any, gpu: list[GpuEvent]) -> list[GpuEvent]:
+    """Copy sizes from the Chrome trace (kineto's Python events carry no byte counts)."""
+    handle, path = tempfile.mkstemp(prefix="gputrain-window-", suffix=".json")
+    os.close(handle)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            profiler.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as stream:
+            trace = json.load(stream)
+    except Exception:
+        return gpu
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    sizes: dict[tuple[str, int], int] = {}
+    for event in trace.get("traceEvents", []):
+        if not isinstance(event, dict) or not str(event.get("name", "")).startswith("Memcpy"):
+            continue
+        args = event.get("args") or {}
+        correlation = args.get("correlation")
+        size = args.get("bytes")
+        if isinstance(correlation, int) and isinstance(size, int):
+            sizes[(str(event["name"]), correlation)] = size
+    if not sizes:
+        return gpu
+    return [GpuEvent(e.name, e.start_ns, e.end_ns, e.correlation,
+                     sizes.get((e.name, e.correlation), e.nbytes)) if e.kind == "memcpy" else e
+            for e in gpu]

@@ -1,0 +1,348 @@
+"""Run facts: what the ``--gpu-diagnose`` run probe measured while one test trained.
+
+``RunFacts`` describes how a test used the GPU (steps, DataLoader waits, devices, allocator,
+host-device syncs, a short profiler window, the NVML timeline); ``FailureFacts`` describes a test
+that failed on a GPU error (the exception, classified, and the allocator at the failure). Both
+are recorded in the facts file (``--gpu-facts-out``) and replay through the rules anywhere.
+
+Rule names: a ``run`` rule sees the session names (``torch.*``, ``host.*``, ...) plus ``run.*``;
+a ``failure`` rule also sees ``failure.*``. Percentages are 0-100 (unit ``%``), times seconds
+(``s``) unless the unit says ``µs``, memory bytes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_gputrain.facts import (
+    EnvironmentFacts,
+    FactGroup,
+    fact,
+    group_namespace,
+    session_namespace,
+)
+
+Namespace = dict[str, tuple[Any, str | None, str | None]]
+
+FailureKind = Literal[
+    "oom",
+    "device_mismatch",
+    "no_kernel_image",
+    "driver_too_old",
+    "illegal_memory_access",
+    "device_side_assert",
+    "launch_failure",
+    "nccl",
+    "cudnn",
+    "cublas",
+    "cuda_other",
+    "not_gpu",
+]
+
+
+class ModuleRecord(BaseModel):
+    """A top-level module the probe saw called (a module called outside any other's forward)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = fact(doc="class name of the module", default="")
+    calls: int = fact(doc="forward calls", default=0)
+    grad_calls: int = fact(doc="forward calls under grad mode", default=0)
+    inference_calls: int = fact(doc="forward calls under inference_mode", default=0)
+    autocast_calls: int = fact(doc="forward calls inside CUDA autocast", default=0)
+    training_calls: int = fact(doc="forward calls with module.training True", default=0)
+    param_devices: list[str] = Field(default_factory=list, description="devices of parameters")
+    param_dtypes: list[str] = Field(default_factory=list, description="dtypes of parameters")
+    input_devices: list[str] = Field(default_factory=list, description="devices of tensor inputs")
+    input_shapes: list[list[int]] = Field(
+        default_factory=list, description="distinct shapes of the first tensor input (at most 8)")
+    parameters: int | None = fact(doc="number of parameter elements")
+    conv_layers: int | None = fact(doc="Conv1d/2d/3d layers inside the module")
+
+
+class LoaderRecord(BaseModel):
+    """One DataLoader the test iterated, with its settings and measured waits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = fact(doc="class name of the dataset", default="")
+    num_workers: int | None = fact(doc="DataLoader num_workers")
+    pin_memory: bool | None = fact(doc="DataLoader pin_memory")
+    persistent_workers: bool | None = fact(doc="DataLoader persistent_workers")
+    prefetch_factor: int | None = fact(doc="DataLoader prefetch_factor (workers only)")
+    batch_size: int | None = fact(doc="DataLoader batch_size")
+    iterators: int = fact(doc="iterators created (epochs)", default=0)
+    batches: int = fact(doc="batches fetched", default=0)
+    wait: float = fact("s", "time blocked in __next__", default=0.0)
+    first_batch_wait: float = fact("s", "time blocked for the first batch of each iterator",
+                                   default=0.0)
+    batch_pinned: bool | None = fact(doc="first batch's tensors were in pinned memory")
+    batch_device: str | None = fact(doc="device of the first batch's tensors")
+
+
+class LoaderFacts(FactGroup):
+    """The DataLoader that fed the most batches, and totals over all loaders."""
+
+    count: int = fact(doc="DataLoaders iterated during the test", default=0)
+    dataset: str | None = fact(doc="class name of the main loader's dataset")
+    num_workers: int | None = fact(doc="num_workers of the main loader")
+    pin_memory: bool | None = fact(doc="pin_memory of the main loader")
+    persistent_workers: bool | None = fact(doc="persistent_workers of the main loader")
+    prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
+    batch_size: int | None = fact(doc="batch_size of the main loader")
+    batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
+    epochs: int | None = fact(doc="iterators the main loader created (epochs)")
+    batches: int = fact(doc="batches fetched from all loaders", default=0)
+    wait_total: float = fact("s", "time blocked in DataLoader __next__, all loaders", default=0.0)
+    wait_per_step: float | None = fact("s", "median time blocked in the loader per steady step")
+    wait_max: float | None = fact("s", "longest wait for one batch")
+    wait_percent: float | None = fact(
+        "%", "time blocked in the loader / wall time, over the steady steps (0 with no loader)")
+    epoch_start_wait: float | None = fact(
+        "s", "time spent waiting for the first batch of epochs after the first (worker start-up)")
+    epoch_start_percent: float | None = fact("%", "epoch_start_wait / the run's training time")
+    cpus: int | None = fact("CPUs", "CPUs this process may run on")
+    processes_per_host: int | None = fact(
+        doc="training processes sharing the host: LOCAL_WORLD_SIZE x pytest-xdist workers")
+    cpus_per_process: int | None = fact("CPUs", "cpus // processes_per_host")
+    loaders: list[LoaderRecord] = Field(default_factory=list, description="every loader seen")
+
+
+class MemoryFacts(FactGroup):
+    """The caching allocator during the run (CUDA runs only)."""
+
+    device: str | None = fact(doc="the CUDA device measured, e.g. cuda:0")
+    total: int | None = fact("bytes", "device memory")
+    fraction: float | None = fact(doc="set_per_process_memory_fraction in force (1.0 = none)")
+    other_processes: int | None = fact("bytes", "memory other processes hold on the device")
+    budget: int | None = fact(
+        "bytes", "memory this process can get: min(total x fraction, total - other processes)")
+    allocated_start: int | None = fact("bytes", "allocated when the test started")
+    allocated_end: int | None = fact("bytes", "allocated after the last step")
+    steady_allocated: int | None = fact(
+        "bytes", "median allocated between steps (parameters, gradients, optimizer state)")
+    peak_allocated: int | None = fact("bytes", "peak allocated during the test")
+    peak_reserved: int | None = fact("bytes", "peak reserved by the caching allocator")
+    reserved_end: int | None = fact("bytes", "reserved after the last step")
+    peak_reserved_percent: float | None = fact("%", "peak_reserved / budget")
+    num_alloc_retries: int | None = fact(doc="allocations retried after freeing cached blocks")
+    num_ooms: int | None = fact(doc="out-of-memory errors the allocator raised")
+    inactive_split: int | None = fact("bytes", "inactive, non-releasable split blocks (steady)")
+    inactive_split_percent: float | None = fact("%", "inactive_split / reserved (steady)")
+    expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
+    allocated_per_step: list[int] = Field(
+        default_factory=list, description="allocated after each step (thinned past 4096 steps)")
+    growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
+    growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
+    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted")
+    growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
+    steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
+    batch_size: int | None = fact(doc="batch size of the run (loader or first input dimension)")
+    per_sample: float | None = fact("bytes", "(peak reserved - steady allocated) / batch size")
+    oom_batch_estimate: int | None = fact(
+        doc="batch size at which peak reserved would exceed the budget (linear model)")
+
+
+class SyncFacts(FactGroup):
+    """Host-device synchronisations the Python code asked for (item, cpu, tolist, ...)."""
+
+    method: str = fact(doc="how syncs were counted", default="python-wrappers")
+    total: int = fact(doc="syncing calls on CUDA tensors during the test", default=0)
+    per_step: float | None = fact(doc="median syncing calls per steady step")
+    max_per_step: int | None = fact(doc="most syncing calls in one step")
+    by_call: list[str] = Field(default_factory=list,
+                               description="count per call, most frequent first ('item: 200')")
+    profiled_per_step: float | None = fact(
+        doc="stream/device/event synchronizations per step seen by the profiler window")
+
+
+class ProfileFacts(FactGroup):
+    """What the profiler saw over a short window of steps (CUDA activity only)."""
+
+    enabled: bool = fact(doc="a profiler window was configured (gpu_profile_steps)",
+                         default=False)
+    captured: bool = fact(doc="the window ran and produced events", default=False)
+    reason: str | None = fact(doc="why no window was captured")
+    first_step: int | None = fact(doc="first profiled step")
+    last_step: int | None = fact(doc="last profiled step")
+    steps: int | None = fact(doc="steps profiled")
+    wall: float | None = fact("s", "wall time of the profiled steps")
+    step_time: float | None = fact("s", "wall time per profiled step")
+    kernel_time: float | None = fact("s", "time with any kernel or copy running (union)")
+    busy_percent: float | None = fact("%", "kernel_time / wall")
+    kernels: int | None = fact(doc="kernels launched in the window")
+    kernels_per_step: float | None = fact(doc="kernels per profiled step")
+    kernel_mean: float | None = fact("µs", "mean kernel duration")
+    short_kernel_percent: float | None = fact("%", "kernels shorter than 50 µs")
+    gemm_percent: float | None = fact("%", "matmul/convolution kernels' share of kernel time")
+    tensor_core_percent: float | None = fact(
+        "%", "tensor-core kernels' share of matmul/convolution kernel time")
+    tensor_core_kernels: int | None = fact(doc="tensor-core kernels launched")
+    h2d_pageable_copies: int | None = fact(doc="host-to-device copies from pageable memory")
+    h2d_pageable_bytes_per_step: float | None = fact("bytes", "pageable H2D bytes per step")
+    h2d_pageable_percent: float | None = fact("%", "pageable H2D copy time / wall")
+    h2d_pinned_copies: int | None = fact(doc="host-to-device copies from pinned memory")
+    syncs_per_step: float | None = fact(doc="cuda*Synchronize calls per step")
+    host_wait_percent: float | None = fact(
+        "%", "GPU idle time where the next kernel was launched only after the GPU went idle")
+    top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
+
+
+class NvmlRunFacts(FactGroup):
+    """The NVML timeline of the run's GPU (collect/sampler.py)."""
+
+    index: int | None = fact(doc="NVML index of the sampled GPU")
+    samples: int = fact(doc="samples taken", default=0)
+    utilization_mean: float | None = fact("%", "mean GPU utilization")
+    utilization_p50: float | None = fact("%", "median GPU utilization")
+    memory_used_max: int | None = fact("bytes", "most device memory in use (all processes)")
+    process_memory_max: int | None = fact("bytes", "most device memory this process held")
+    temperature_max: float | None = fact("°C", "highest temperature")
+    power_max: float | None = fact("W", "highest power draw")
+    sm_clock_min: float | None = fact("MHz", "lowest SM clock")
+    sm_clock_max: float | None = fact("MHz", "highest SM clock")
+    throttle_reasons: list[str] = Field(
+        default_factory=list, description="clock event reasons seen in any sample")
+    throttle_percent: float | None = fact(
+        "%", "samples with a hardware slowdown, thermal slowdown or power brake")
+    power_cap_percent: float | None = fact("%", "samples held by the software power cap")
+
+
+class ForwardRecord(BaseModel):
+    """The last top-level forward before a failure (or the end of the test)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    module: str = ""
+    param_devices: list[str] = Field(default_factory=list)
+    input_devices: list[str] = Field(default_factory=list)
+    grad_enabled: bool | None = None
+
+
+class RunFacts(FactGroup):
+    """How one test trained: the ``run.*`` names."""
+
+    nodeid: str = fact(doc="the test", default="")
+    duration: float | None = fact("s", "wall time of the test call")
+    cuda_available: bool | None = fact(doc="torch.cuda.is_available() during the test")
+    cuda_used: bool | None = fact(doc="the test allocated CUDA memory")
+    device: str | None = fact(doc="device of the trained parameters (cuda:0, cpu)")
+    device_name: str | None = fact(doc="name of that device")
+    compute_capability: str | None = fact(doc="its compute capability, '9.0'")
+    steps: int = fact(doc="optimizer steps of the main optimizer", default=0)
+    optimizer_steps: int = fact(doc="optimizer steps of all optimizers", default=0)
+    optimizers: list[str] = Field(default_factory=list, description="optimizer classes stepped")
+    warmup_steps: int = fact(doc="steps left out of steady-state statistics", default=2)
+    steady_steps: int | None = fact(doc="steps in the steady-state statistics")
+    step_time: float | None = fact("s", "median wall time per steady step (host clock)")
+    step_time_mean: float | None = fact("s", "mean wall time per steady step")
+    step_times: list[float] = Field(default_factory=list, description="each step's wall time (s)")
+    forwards: int = fact(doc="top-level forward calls", default=0)
+    grad_forwards: int = fact(doc="top-level forwards under grad mode", default=0)
+    no_grad_forwards: int = fact(doc="top-level forwards under no_grad/inference_mode", default=0)
+    autocast_forwards: int = fact(doc="top-level forwards inside CUDA autocast", default=0)
+    backwards: int = fact(doc="torch.autograd.backward calls", default=0)
+    forwards_without_backward: int | None = fact(
+        doc="grad-mode forwards of top-level modules with parameters (models) whose autograd "
+            "graph no backward went through")
+    param_devices: list[str] = Field(default_factory=list,
+                                     description="devices of the optimized parameters")
+    param_dtypes: list[str] = Field(default_factory=list,
+                                    description="dtypes of the optimized parameters")
+    input_devices: list[str] = Field(default_factory=list,
+                                     description="devices of top-level forward inputs")
+    modules: list[ModuleRecord] = Field(default_factory=list, description="top-level modules")
+    last_forward: ForwardRecord = Field(default_factory=ForwardRecord,
+                                        description="the last top-level forward")
+    conv_layers: int | None = fact(doc="convolution layers in the top-level modules")
+    input_shape_count: int | None = fact(
+        doc="distinct input shapes of the most called top-level module (counted up to 8)")
+    cudnn_benchmark: bool | None = fact(doc="torch.backends.cudnn.benchmark during training")
+    cudnn_deterministic: bool | None = fact(doc="torch.backends.cudnn.deterministic")
+    deterministic_algorithms: bool | None = fact(doc="torch.are_deterministic_algorithms_enabled()")
+    tf32_matmul: bool | None = fact(doc="matmuls may use TF32 (allow_tf32 or precision != highest)")
+    tf32_cudnn: bool | None = fact(doc="torch.backends.cudnn.allow_tf32")
+    float32_matmul_precision: str | None = fact(doc="torch.get_float32_matmul_precision()")
+    loader: LoaderFacts = Field(default_factory=LoaderFacts)
+    memory: MemoryFacts = Field(default_factory=MemoryFacts)
+    sync: SyncFacts = Field(default_factory=SyncFacts)
+    profile: ProfileFacts = Field(default_factory=ProfileFacts)
+    nvml: NvmlRunFacts = Field(default_factory=NvmlRunFacts)
+    probe_errors: list[str] = Field(default_factory=list,
+                                    description="probe problems (the test was not affected)")
+
+
+class FailureFacts(FactGroup):
+    """A test that failed on a GPU error: the ``failure.*`` names."""
+
+    nodeid: str = fact(doc="the test", default="")
+    when: str = fact(doc="the phase that failed: setup, call or teardown", default="call")
+    exc_type: str = fact(doc="exception class, e.g. torch.OutOfMemoryError", default="")
+    message: str = fact(doc="exception message (first 2000 characters)", default="")
+    kind: FailureKind = fact(doc="classified from the exception type and text", default="not_gpu")
+    sticky: bool = fact(doc="the CUDA context is unusable after this error (no CUDA calls made)",
+                        default=False)
+    device_index: int | None = fact(doc="CUDA device named in the message")
+    requested: int | None = fact("bytes", "the allocation that failed (OOM)")
+    total: int | None = fact("bytes", "device memory")
+    free: int | None = fact("bytes", "device memory free at the failure")
+    process_in_use: int | None = fact("bytes", "memory this process had in use (incl. context)")
+    allocated: int | None = fact("bytes", "allocated by PyTorch at the failure")
+    reserved: int | None = fact("bytes", "reserved by PyTorch at the failure")
+    reserved_unallocated: int | None = fact("bytes", "reserved but not allocated (cached, free)")
+    reserved_unallocated_percent: float | None = fact("%", "reserved_unallocated / reserved")
+    peak_allocated: int | None = fact("bytes", "peak allocated during the test")
+    peak_reserved: int | None = fact("bytes", "peak reserved during the test")
+    fraction: float | None = fact(doc="set_per_process_memory_fraction in force")
+    fraction_limit: int | None = fact("bytes", "total x fraction")
+    other_processes: int | None = fact("bytes", "memory other processes hold on the device")
+    budget: int | None = fact("bytes", "min(total x fraction, total - other processes)")
+    num_alloc_retries: int | None = fact(doc="allocator retries before the failure")
+    num_ooms: int | None = fact(doc="OOMs the allocator raised in this process")
+    expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
+    batch_size: int | None = fact(doc="batch size seen by the probe before the failure")
+    devices: list[str] = Field(default_factory=list, description="devices named in the message")
+    module: str | None = fact(doc="innermost module in the traceback (or last top-level forward)")
+    module_path: str | None = fact(doc="that module's class and the layer that failed")
+    module_param_devices: list[str] = Field(default_factory=list,
+                                            description="devices of that module's parameters")
+    module_input_devices: list[str] = Field(default_factory=list,
+                                            description="devices of that module's tensor inputs")
+    compute_capability: str | None = fact(doc="compute capability of the device (from NVML)")
+    arch_list: list[str] | None = fact(doc="torch.cuda.get_arch_list()")
+    launch_blocking: bool | None = fact(doc="CUDA_LAUNCH_BLOCKING=1 was set")
+    dsa_enabled: bool | None = fact(doc="TORCH_USE_CUDA_DSA was set")
+    nccl_error: str | None = fact(doc="NCCL error class from the message (unhandled cuda error, "
+                                      "system error, internal error, invalid usage, remote "
+                                      "error, timeout)")
+    world_size: int | None = fact(doc="WORLD_SIZE of the failing process")
+    rank: int | None = fact(doc="RANK of the failing process")
+    local_world_size: int | None = fact(doc="LOCAL_WORLD_SIZE of the failing process")
+
+
+def run_namespace(env: EnvironmentFacts, run: RunFacts) -> Namespace:
+    """The names a run rule can use: the session's plus ``run.*``."""
+    names = session_namespace(env)
+    names.update(group_namespace("run", run))
+    return names
+
+
+def failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
+                      run: RunFacts | None = None) -> Namespace:
+    """The names a failure rule can use: the session's, ``run.*`` and ``failure.*``."""
+    names = run_namespace(env, run or RunFacts(nodeid=failure.nodeid))
+    names.update(group_namespace("failure", failure))
+    return names
+
+
+@cache
+def run_vocabulary() -> frozenset[str]:
+    return frozenset(run_namespace(EnvironmentFacts(), RunFacts()))
+
+
+@cache
+def failure_vocabulary() -> frozenset[str]:
+    return frozenset(failure_namespace(EnvironmentFacts(), FailureFacts()))

@@ -1,0 +1,277 @@
+"""The run probe on a real CUDA GPU (written for the lent H200: torch 2.11, CUDA 13).
+
+Every test is marked ``requires_cuda`` and skips without a usable CUDA GPU. Each drives a small
+training test through ``pytest --gpu-diagnose`` in a subprocess (its own CUDA context, allocator
+and profiler state) and reads the run facts it recorded (``--gpu-facts-out``):
+
+- kernel busy time, kernel count and mean duration from the profiler window;
+- host-to-device copies from pageable vs pinned memory;
+- tensor-core kernels under bf16 autocast vs plain FP32 with TF32 off (GT106);
+- allocated memory that grows when graph-attached losses are kept (GT108);
+- an out-of-memory failure under ``set_per_process_memory_fraction`` (GT201, GT209);
+- host-device syncs counted per step, and no hook left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.requires_cuda,
+              pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")]
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+if not _cuda():  # also when the requires_cuda marker is not registered (CPU-only checkouts)
+    pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
+
+
+def _installed() -> bool:
+    return any(ep.value.startswith("pytest_gputrain") for ep in entry_points(group="pytest11"))
+
+
+def _diagnose(tmp_path: Path, source: str, *extra: str) -> tuple[dict[str, Any], str, int]:
+    """Run ``source`` as a test file under --gpu-diagnose; return (facts, output, exit code)."""
+    (tmp_path / "test_inner.py").write_text(source)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "pytest", "test_inner.py", "--gpu-diagnose",
+               "--gpu-fail-on=never", "--gpu-facts-out=facts.json", "--gpu-report=report.json",
+               "-p", "no:cacheprovider", "-q", *extra]
+    if not _installed():
+        command[3:3] = ["-p", "pytest_gputrain.plugin"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)
+    output = done.stdout + done.stderr
+    print(output)
+    assert (tmp_path / "facts.json").is_file(), output
+    facts = json.loads((tmp_path / "facts.json").read_text())
+    facts["findings"] = json.loads((tmp_path / "report.json").read_text())["findings"]
+    return facts, output, done.returncode
+
+
+def _run(facts: dict[str, Any], name: str) -> dict[str, Any]:
+    (run,) = [r for r in facts["runs"] if r["nodeid"].endswith("::" + name)]
+    assert run["probe_errors"] == [], run["probe_errors"]
+    return run
+
+
+def _codes(facts: dict[str, Any], test: str, severities: tuple[str, ...] = ("warning", "error")
+           ) -> set[str]:
+    return {f["code"] for f in facts["findings"]
+            if f["subject"].endswith("::" + test) and f["severity"] in severities}
+
+
+LOOP = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+DEVICE = torch.device("cuda")
+
+
+def mlp(width=2048, depth=4):
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(DEVICE)
+
+
+def train(model, batches, steps, autocast=False, syncs=1, keep=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    step = 0
+    while step < steps:
+        for x, y in batches:
+            x = x.to(DEVICE, non_blocking=True)
+            y = y.to(DEVICE, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                loss = loss_fn(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward(retain_graph=keep is not None)
+            optimizer.step()
+            for _ in range(syncs):
+                loss.item()
+            if keep is not None:
+                keep.append(loss)
+            step += 1
+            if step == steps:
+                break
+
+
+def loader(batch, width=2048, n=None, pin=True, workers=2):
+    n = n or batch * 8
+    data = TensorDataset(torch.randn(n, width), torch.randint(0, 10, (n,)))
+    return DataLoader(data, batch_size=batch, pin_memory=pin, num_workers=workers,
+                      persistent_workers=workers > 0)
+"""
+
+
+def test_probe_records_kernels_copies_syncs_and_memory(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+from pytest_gputrain.probe.hooks import global_hook_counts
+
+
+def test_bf16_loop():
+    torch.backends.cudnn.benchmark = True
+    train(mlp(), loader(512), steps=16, autocast=True, syncs=5)
+
+
+def test_no_hooks_left_after_the_previous_test():
+    counts = global_hook_counts(torch)
+    assert counts["_global_optimizer_post_hooks"] == 1   # this test's own probe
+    assert counts["patched_attributes"] >= 10
+""")
+    assert code == 0, output
+    assert "multi-threaded, use of fork()" not in output  # the probe starts no thread
+    run = _run(facts, "test_bf16_loop")
+    assert run["device"] == "cuda:0" and run["cuda_used"] is True
+    assert run["steps"] == 16 and run["backwards"] == 16 and run["autocast_forwards"] == 32
+    assert run["compute_capability"] and run["device_name"]
+    profile = run["profile"]
+    assert profile["captured"] is True, profile["reason"]
+    assert (profile["first_step"], profile["last_step"], profile["steps"]) == (3, 6, 4)
+    assert 0 < profile["busy_percent"] <= 100
+    assert profile["kernels_per_step"] > 10 and profile["kernel_mean"] > 0
+    assert profile["gemm_percent"] > 20
+    assert profile["tensor_core_percent"] > 50, profile["top_kernels"]
+    assert profile["h2d_pinned_copies"] >= 8 and profile["h2d_pageable_copies"] == 0
+    assert profile["syncs_per_step"] >= 5
+    assert run["sync"]["per_step"] == 5 and run["sync"]["by_call"] == ["item: 80"]
+    memory = run["memory"]
+    assert memory["peak_allocated"] > 0 and memory["peak_reserved"] >= memory["peak_allocated"]
+    assert len(memory["allocated_per_step"]) == 16 and memory["total"] > 0
+    assert memory["fraction"] == 1.0 and memory["budget"] > 0
+    assert memory["growth_rising_percent"] == 0.0
+    assert run["loader"]["batch_pinned"] is True and run["loader"]["num_workers"] == 2
+    if run["nvml"]["index"] is not None:
+        assert run["nvml"]["samples"] > 0 and run["nvml"]["utilization_mean"] is not None
+    assert not ({"GT103", "GT106", "GT108"} & _codes(facts, "test_bf16_loop"))
+
+
+def test_pageable_and_pinned_copies_are_told_apart(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+
+def test_pageable():
+    train(mlp(), loader(1024, pin=False, workers=2), steps=12, autocast=True)
+
+
+def test_pinned():
+    train(mlp(), loader(1024, pin=True, workers=2), steps=12, autocast=True)
+""")
+    assert code == 0, output
+    pageable = _run(facts, "test_pageable")["profile"]
+    pinned = _run(facts, "test_pinned")["profile"]
+    assert pageable["captured"] and pinned["captured"]
+    assert pageable["h2d_pageable_copies"] >= 4 and pageable["h2d_pinned_copies"] == 0
+    batch_bytes = 1024 * 2048 * 4
+    if pageable["h2d_pageable_bytes_per_step"] is not None:
+        assert pageable["h2d_pageable_bytes_per_step"] >= batch_bytes
+    assert pinned["h2d_pageable_copies"] == 0 and pinned["h2d_pinned_copies"] >= 4
+    assert _run(facts, "test_pinned")["loader"]["batch_pinned"] is True
+    assert _run(facts, "test_pageable")["loader"]["batch_pinned"] is False
+
+
+def test_tensor_cores_under_bf16_and_none_in_fp32_without_tf32(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+import pytest
+
+
+@pytest.fixture
+def no_tf32():
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    precision = torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    torch.set_float32_matmul_precision(precision)
+
+
+def data():
+    batches = [(torch.randn(4096, 4096, device=DEVICE), torch.randint(0, 10, (4096,),
+                device=DEVICE)) for _ in range(4)]
+    return batches
+
+
+def test_fp32(no_tf32):
+    train(mlp(4096), data(), steps=12)
+
+
+def test_bf16(no_tf32):
+    train(mlp(4096), data(), steps=12, autocast=True)
+""")
+    assert code == 0, output
+    fp32 = _run(facts, "test_fp32")
+    bf16 = _run(facts, "test_bf16")
+    assert fp32["tf32_matmul"] is False and fp32["autocast_forwards"] == 0
+    assert fp32["profile"]["gemm_percent"] > 30, fp32["profile"]["top_kernels"]
+    assert fp32["profile"]["tensor_core_percent"] < 5, fp32["profile"]["top_kernels"]
+    assert bf16["profile"]["tensor_core_percent"] > 50, bf16["profile"]["top_kernels"]
+    assert "GT106" in _codes(facts, "test_fp32")
+    assert "GT106" not in _codes(facts, "test_bf16")
+
+
+def test_graph_attached_losses_make_memory_grow(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+def data():
+    return [(torch.randn(256, 2048, device=DEVICE), torch.randint(0, 10, (256,), device=DEVICE))
+            for _ in range(4)]
+
+
+def test_leak():
+    kept = []
+    train(mlp(), data(), steps=40, autocast=True, keep=kept)
+
+
+def test_no_leak():
+    train(mlp(), data(), steps=40, autocast=True)
+""")
+    assert code == 0, output
+    leak = _run(facts, "test_leak")["memory"]
+    flat = _run(facts, "test_no_leak")["memory"]
+    assert leak["growth_per_step"] > 1024 * 1024 and leak["growth_rising_percent"] >= 90
+    assert leak["steps_to_exhaust"] is not None
+    assert abs(flat["growth_per_step"]) < 4096 and flat["growth_rising_percent"] < 50
+    assert "GT108" in _codes(facts, "test_leak")
+    assert "GT108" not in _codes(facts, "test_no_leak")
+
+
+def test_oom_under_a_memory_fraction_is_diagnosed(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, """
+import torch
+
+
+def test_oom():
+    torch.cuda.set_per_process_memory_fraction(0.02)
+    total = torch.cuda.get_device_properties(0).total_memory
+    keep = torch.empty(int(total * 0.01), dtype=torch.uint8, device="cuda")
+    too_big = torch.empty(int(total * 0.05), dtype=torch.uint8, device="cuda")
+""")
+    assert code == 1, output
+    (failure,) = facts["failures"]
+    assert failure["kind"] == "oom" and failure["sticky"] is False
+    assert failure["fraction"] == pytest.approx(0.02)
+    assert failure["total"] > 0 and failure["free"] > failure["requested"] > 0
+    assert failure["allocated"] >= 0.009 * failure["total"]
+    assert failure["budget"] == pytest.approx(0.02 * failure["total"], rel=0.01)
+    assert _codes(facts, "test_oom", ("error",)) >= {"GT201", "GT209"}
+    assert "ERROR GT201 cuda-out-of-memory" in output
+    assert "ERROR GT209 oom-memory-fraction" in output
