@@ -21,7 +21,7 @@ ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_pr
 
 def fact(unit: str | None = None, doc: str = "", default: Any = None) -> Any:
     """A fact field: unknown (``None``) by default, with its unit recorded in the JSON schema."""
-    extra = {"unit": unit} if unit else None
+    extra: dict[str, Any] | None = {"unit": unit} if unit else None
     return Field(default=default, description=doc, json_schema_extra=extra)
 
 
@@ -119,6 +119,8 @@ class DeviceSample(BaseModel):
     temperature: float | None = fact("°C", "GPU temperature")
     sm_clock: float | None = fact("MHz", "SM clock")
     clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask")
+    process_memory: int | None = fact(
+        "bytes", "GPU memory held by the processes a sampler was asked to follow (else unknown)")
 
 
 class TorchFacts(FactGroup):
@@ -171,6 +173,40 @@ class ToolFacts(FactGroup):
     nvcc_path: str | None = fact(doc="where nvcc was found")
 
 
+TopologyLevel = Literal["internal", "single", "multiple", "hostbridge", "node", "system"]
+
+
+class GpuPairFacts(FactGroup):
+    """How two GPUs reach each other (NVML indices)."""
+
+    a: int
+    b: int
+    common_ancestor: TopologyLevel | None = fact(
+        doc="closest common PCIe ancestor: internal (same board), single / multiple (PCIe "
+            "switches), hostbridge (a CPU's PCIe host bridge), node (host bridges of one NUMA "
+            "node), system (across CPU sockets)")
+    p2p_read: str | None = fact(doc="NVML P2P read status: ok, not_supported, "
+                                    "chipset_not_supported, gpu_not_supported, "
+                                    "ioh_topology_not_supported, disabled_by_regkey, unknown")
+    p2p_nvlink: bool | None = fact(doc="peer-to-peer over NVLink is possible")
+
+
+class TopologyFacts(FactGroup):
+    """How the GPUs are linked (NVML topology and P2P status), over the GPUs torch can use."""
+
+    gpu_count: int | None = fact(doc="GPUs the topology covers (those torch sees, else all)")
+    pair_count: int | None = fact(doc="GPU pairs examined")
+    pairs: list[GpuPairFacts] | None = fact(doc="every GPU pair")
+    nvlink_pair_count: int | None = fact(doc="pairs that can talk peer-to-peer over NVLink")
+    nvlink_active_links: list[int | None] | None = fact(
+        doc="active NVLink links per GPU (None where NVML answers NotSupported)")
+    gpu_pairs_without_p2p: list[str] | None = fact(
+        doc="pairs ('0-1') for which NVML reports no peer-to-peer access")
+    gpu_pairs_over_system: list[str] | None = fact(
+        doc="pairs without NVLink whose traffic crosses CPU host bridges or sockets (NODE/SYS)")
+    gpu_pairs_without_nvlink: list[str] | None = fact(doc="pairs with no NVLink path")
+
+
 class EnvironmentFacts(BaseModel):
     """Everything collected about the machine once per session."""
 
@@ -185,6 +221,7 @@ class EnvironmentFacts(BaseModel):
     host: HostFacts = Field(default_factory=HostFacts)
     env: EnvFacts = Field(default_factory=EnvFacts)
     tools: ToolFacts = Field(default_factory=ToolFacts)
+    topology: TopologyFacts = Field(default_factory=TopologyFacts)
 
 
 class FactsFile(BaseModel):
@@ -199,6 +236,8 @@ class FactsFile(BaseModel):
     # so that this module does not depend on the probe's models.
     runs: list[dict[str, Any]] = Field(default_factory=list)
     failures: list[dict[str, Any]] = Field(default_factory=list)
+    # Launches of run_ranks (pytest_gputrain.distributed.facts.DistributedRunFacts), likewise.
+    distributed: list[dict[str, Any]] = Field(default_factory=list)
 
 
 def group_namespace(prefix: str, group: BaseModel) -> dict[str, tuple[Any, str | None, str | None]]:
@@ -224,12 +263,48 @@ def group_namespace(prefix: str, group: BaseModel) -> dict[str, tuple[Any, str |
 def session_namespace(env: EnvironmentFacts) -> dict[str, tuple[Any, str | None, str | None]]:
     """The names a session-scope rule can use: nvml.*, torch.*, host.*, env.*, tools.*."""
     names: dict[str, tuple[Any, str | None, str | None]] = {}
-    for prefix in ("nvml", "torch", "host", "env", "tools"):
+    for prefix in ("nvml", "torch", "host", "env", "tools", "topology"):
         names.update(group_namespace(prefix, getattr(env, prefix)))
     # Aggregates over devices that session rules need without a loop construct.
     names["devices.count"] = (len(env.devices), None, None)
     names["devices.names"] = (sorted({d.name for d in env.devices if d.name}), None, None)
+    names["devices.torch_names"] = (
+        sorted({d.name for d in env.devices if d.name and d.torch_index is not None}), None, None)
+    names["env.nccl_fast_paths_disabled"] = (
+        nccl_fast_paths_disabled(env.env.nccl_variables), None, None)
     return names
+
+
+# NCCL variables that switch off a transport or GPUDirect path when set as shown (NCCL's
+# environment variable documentation). NCCL_NVLS_ENABLE=0 is left out on purpose: turning NVLink
+# SHARP off is a common, deliberate setting (some hosts and VMs must keep it off).
+_NCCL_DISABLING: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("NCCL_P2P_DISABLE", ("nonzero",), "GPU peer-to-peer (NVLink/PCIe) off"),
+    ("NCCL_SHM_DISABLE", ("nonzero",), "shared-memory transport off"),
+    ("NCCL_IB_DISABLE", ("nonzero",), "InfiniBand/RoCE off: sockets between hosts"),
+    ("NCCL_P2P_LEVEL", ("LOC", "0"), "peer-to-peer never used"),
+    ("NCCL_NET_GDR_LEVEL", ("LOC", "0"), "GPUDirect RDMA off"),
+    ("NCCL_IB_GDR_LEVEL", ("LOC", "0"), "GPUDirect RDMA off"),
+)
+
+
+def nccl_fast_paths_disabled(variables: dict[str, str]) -> list[str]:
+    """``["NCCL_P2P_DISABLE=1 (GPU peer-to-peer (NVLink/PCIe) off)", ...]`` from NCCL_* values."""
+    found = []
+    for name, values, meaning in _NCCL_DISABLING:
+        if name not in variables:
+            continue
+        raw = variables[name].strip()
+        if values == ("nonzero",):
+            try:
+                hit = int(raw, 0) != 0
+            except ValueError:
+                hit = False  # NCCL reads these with strtol: "true" counts as 0
+        else:
+            hit = raw.upper() in values
+        if hit:
+            found.append(f"{name}={raw} ({meaning})")
+    return found
 
 
 def device_namespace(

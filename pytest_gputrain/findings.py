@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Severity = Literal["info", "warning", "error"]
-Scope = Literal["session", "device", "run", "failure"]
+Scope = Literal["session", "device", "run", "failure", "distributed"]
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 

@@ -9,6 +9,7 @@ from pytest_gputrain.collect import nvml
 from pytest_gputrain.collect.environment_variables import read_environment
 from pytest_gputrain.collect.host import read_host
 from pytest_gputrain.collect.toolkit import read_toolkit
+from pytest_gputrain.collect.topology import read_topology, topology_indices
 from pytest_gputrain.collect.torch_build import read_torch, torch_device_uuids
 from pytest_gputrain.facts import EnvironmentFacts
 
@@ -35,5 +36,6 @@ def collect_environment(with_torch: bool = True) -> EnvironmentFacts:
         for device in devices:
             if device.uuid and device.uuid.removeprefix("GPU-") in uuids:
                 device.torch_index = uuids[device.uuid.removeprefix("GPU-")]
+    facts.topology = read_topology(topology_indices(devices), session)
     facts.collector_seconds = round(time.perf_counter() - started, 3)
     return facts

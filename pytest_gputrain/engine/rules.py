@@ -15,14 +15,14 @@ from typing import Any
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
 from pytest_gputrain.findings import SEVERITY_RANK
 
 CODE_RE = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-SCOPES = ("session", "device", "run", "failure")
+SCOPES = ("session", "device", "run", "failure", "distributed")
 REQUIRED = ("code", "name", "title", "scope", "severity", "condition", "message", "fix", "why")
 OPTIONAL = ("evidence", "references", "params", "docs")
 DOC_SECTIONS = ("example", "use_instead", "options", "notes")
@@ -56,7 +56,7 @@ class Rule:
 
 
 def builtin_rules_dir() -> Path:
-    """Rules ship in the wheel as pytest_gputrain/rules; in a source checkout they sit at the top."""
+    """Rules ship in the wheel as pytest_gputrain/rules; a source checkout has them at the top."""
     packaged = Path(__file__).resolve().parent.parent / "rules"
     if packaged.is_dir():
         return packaged
@@ -68,7 +68,8 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], path
         raise RuleFileError(f"{path}: missing required field '{key}'")
     value = data[key]
     if not isinstance(value, kind):
-        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        expected = (kind.__name__ if isinstance(kind, type)
+                    else " or ".join(k.__name__ for k in kind))
         raise RuleFileError(
             f"{path}: field '{key}' must be a {expected}, got {type(value).__name__} {value!r}"
         )

@@ -14,6 +14,10 @@ def scope_names(scope: str) -> frozenset[str]:
         return frozenset(session_namespace(env))
     if scope == "device":
         return frozenset(device_namespace(env, DeviceFacts()))
+    if scope == "distributed":
+        from pytest_gputrain.distributed.facts import distributed_vocabulary
+
+        return distributed_vocabulary()
     from pytest_gputrain.run_facts import failure_vocabulary, run_vocabulary
 
     return run_vocabulary() if scope == "run" else failure_vocabulary()

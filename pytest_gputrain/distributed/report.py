@@ -1,0 +1,228 @@
+"""From a finished launch to ``DistributedRunFacts``, and from facts to findings and text."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_gputrain.distributed import analysis
+from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts, distributed_namespace
+
+if TYPE_CHECKING:
+    from pytest_gputrain.distributed.errors import RankFailure
+    from pytest_gputrain.distributed.launcher import _Runner
+    from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.facts import EnvironmentFacts
+    from pytest_gputrain.findings import Finding
+
+SCOPE = "distributed"
+
+
+def _outcome(state: Any) -> str:
+    if state.stuck_at_exit:
+        return "stuck_at_exit"
+    if state.killed:
+        return "killed"
+    result = state.result or {}
+    if result.get("ok"):
+        return "ok"
+    if result.get("kind") == "skipped":
+        return "skipped"
+    return "failed" if result else "crashed"
+
+
+def build_facts(runner: _Runner, test: str | None,
+                error: RankFailure | None) -> DistributedRunFacts:
+    from pytest_gputrain.distributed.errors import RankTimeout
+    from pytest_gputrain.distributed.launcher import _nccl_env
+
+    probes: dict[int, dict[str, Any]] = {}
+    for state in runner.states:
+        probe = (state.result or {}).get("probe")
+        if isinstance(probe, dict):
+            probes[state.rank] = probe
+    complete = len(probes) == len(runner.states) and bool(probes)
+    steps = analysis.step_analysis(probes) if complete else {}
+    batches = analysis.batch_analysis(probes) if complete else {}
+    ranks = []
+    for index, state in enumerate(runner.states):
+        probe = probes.get(state.rank, {})
+        status = runner.statuses.get(state.rank, {})
+        result = state.result or {}
+        frames = runner._frames(state.rank) if state.killed else []
+        step_count = status.get("step")
+        ranks.append(RankFacts(
+            rank=state.rank,
+            pid=state.process.pid,
+            device=probe.get("device"),
+            device_name=probe.get("device_name"),
+            outcome=_outcome(state),
+            exit=analysis.describe_exit(state.exit_code),
+            steps=int(step_count) if step_count is not None else None,
+            step_time_median=(steps.get("step_time_medians") or [None] * (index + 1))[index],
+            busy_time_median=(steps.get("busy_time_medians") or [None] * (index + 1))[index],
+            wait_fraction=(steps.get("wait_fractions") or [None] * (index + 1))[index],
+            samples=(batches.get("samples") or [None] * (index + 1))[index],
+            batch_size_median=(batches.get("batch_size_medians") or [None] * (index + 1))[index],
+            collectives={str(k): int(v) for k, v in (status.get("collectives") or {}).items()},
+            last_activity=runner._activity(state.rank, runner.ended),
+            stack=frames,
+            error=(f"{result.get('type')}: {analysis.tail(str(result.get('message', '')), 1)}"
+                   if result and not result.get("ok") else None),
+        ))
+    names = [r.device_name for r in ranks if r.device_name]
+    gpu_names = [r.device_name for r in ranks
+                 if r.device_name and (r.device or "").startswith("cuda")]
+    facts = DistributedRunFacts(
+        test=test,
+        world_size=runner.world_size,
+        backend=_seen_backend(probes) or runner.backend,
+        outcome=("timeout" if isinstance(error, RankTimeout) else
+                 "failed" if error is not None else "passed"),
+        duration=round(runner.ended - runner.started, 3),
+        timeout=runner.timeout,
+        collective_timeout=runner.collective_timeout,
+        probe=runner.probe,
+        ranks=ranks,
+        device_names=names if len(names) == len(ranks) else None,
+        distinct_device_names=len(set(gpu_names)) if gpu_names else None,
+        cuda_used=any(p.get("cuda_used") for p in probes.values()) if probes else None,
+        ddp_used=any(p.get("ddp_used") for p in probes.values()) if probes else None,
+        data_parallel_devices=(max(int(p.get("data_parallel_devices") or 0)
+                                   for p in probes.values()) if probes else None),
+        nccl_variables=_nccl_env(runner.child_env),
+    )
+    if steps:
+        facts.steps = steps["steps"]
+        facts.min_steps = steps["min_steps"]
+        facts.step_count_spread = steps["step_count_spread"]
+        facts.step_time_medians = steps["step_time_medians"]
+        facts.busy_time_medians = steps["busy_time_medians"]
+        facts.step_time_summary = analysis.per_rank_summary(steps["step_time_medians"], "s")
+        facts.busy_time_summary = analysis.per_rank_summary(steps["busy_time_medians"], "s")
+        facts.wait_summary = ", ".join(
+            f"rank {r} {w * 100:.0f} %" if w is not None else f"rank {r} ?"
+            for r, w in enumerate(steps["wait_fractions"]))
+        facts.steps_summary = analysis.per_rank_summary(steps["steps"])
+        for key in ("straggler_rank", "fastest_rank", "straggler_ratio", "straggler_excess"):
+            setattr(facts, key, steps[key])
+        busy = steps["busy_time_medians"]
+        if steps["straggler_rank"] is not None:
+            facts.straggler_busy = busy[steps["straggler_rank"]]
+            facts.fastest_busy = busy[steps["fastest_rank"]]
+    else:
+        why = "per-rank steps are recorded under --gpu-diagnose (or probe=True)" if not probes \
+            else "not every rank returned its probe data"
+        for name in ("steps", "step_time_medians", "busy_time_medians", "straggler_ratio",
+                     "straggler_rank", "straggler_excess", "min_steps"):
+            facts.unknown[name] = why
+    if batches:
+        facts.batch_source = batches["batch_source"]
+        facts.samples = batches["samples"]
+        facts.batch_size_medians = batches["batch_size_medians"]
+        facts.sample_ratio = batches["sample_ratio"]
+        facts.batch_size_ratio = batches["batch_size_ratio"]
+        if batches["samples"] is not None:
+            facts.samples_summary = analysis.per_rank_summary(batches["samples"])
+            facts.batch_size_summary = analysis.per_rank_summary(batches["batch_size_medians"])
+    if error is not None:
+        _failure_facts(facts, runner, error)
+    return facts
+
+
+def _seen_backend(probes: dict[int, dict[str, Any]]) -> str | None:
+    seen = {str(p["backend"]) for p in probes.values() if p.get("backend")}
+    return seen.pop() if len(seen) == 1 else None
+
+
+def _failure_facts(facts: DistributedRunFacts, runner: _Runner, error: RankFailure) -> None:
+    from pytest_gputrain.distributed.errors import RankTimeout
+
+    watchdog = runner._watchdog()
+    facts.failed_rank = error.rank
+    facts.failure_kind = error.kind
+    message = error.exc_message or ""
+    if isinstance(error, RankTimeout):
+        facts.stuck_ranks = list(error.stuck_ranks)
+        message = f"ranks {', '.join(map(str, error.stuck_ranks))} still running after " \
+                  f"{error.timeout:g} s"
+    elif not message:
+        message = f"rank {error.rank} ended without a Python exception ({error.kind})"
+    if watchdog:
+        facts.nccl_operation = (f"{watchdog['op']} #{watchdog['seq']}"
+                                if watchdog.get("seq") is not None else watchdog.get("op"))
+        facts.nccl_waited = watchdog.get("ran_s")
+        message = watchdog["line"]
+    facts.failure_message = " ".join(message.split())[:300].rstrip(".")
+    stuck = [s.rank for s in runner.states if s.killed]
+    if stuck and facts.stuck_ranks is None:
+        facts.stuck_ranks = stuck
+    facts.desync = analysis.collective_desync(runner.statuses, runner.ended, watchdog)
+    parts = []
+    if facts.desync:
+        parts.append(facts.desync)
+    steps = analysis.step_desync(runner.statuses)
+    if steps:
+        parts.append(steps)
+    if watchdog:
+        parts.append(f"the NCCL watchdog on rank {watchdog['rank']} aborted {watchdog['op']} "
+                     f"(sequence number {watchdog['seq']}) after {watchdog['ran_s']:.1f} s")
+    for rank in facts.ranks:
+        if rank.outcome == "killed":
+            activity = rank.last_activity or "unknown"
+            where = f" at {rank.stack[0]}" if rank.stack else ""
+            parts.append(f"rank {rank.rank} was {activity}{where} when killed")
+        elif rank.rank == error.rank and not isinstance(error, RankTimeout) and not rank.error:
+            parts.append(f"rank {rank.rank} ended: {rank.exit}")
+    facts.failure_summary = "; ".join(parts) or None
+
+
+def in_process_facts(test: str, data_parallel_devices: int) -> DistributedRunFacts:
+    """A test that used nn.DataParallel in its own process (no launcher)."""
+    facts = DistributedRunFacts(test=test, launcher="in_process", world_size=1,
+                                data_parallel_devices=data_parallel_devices)
+    facts.unknown["backend"] = "no process group: single process"
+    return facts
+
+
+def evaluate(engine: RuleEngine, env: EnvironmentFacts, facts: DistributedRunFacts,
+             subject: str) -> list[Finding]:
+    return engine.evaluate_scope(SCOPE, distributed_namespace(env, facts), subject)
+
+
+def evaluate_data(engine: RuleEngine, env: EnvironmentFacts, data: dict[str, Any],
+                  subject: str = "distributed launch") -> list[Finding]:
+    """Rules of scope ``distributed`` on facts given as a plain mapping (rule cases, replays)."""
+    return evaluate(engine, env, DistributedRunFacts.model_validate(data), subject)
+
+
+def subject_of(facts: DistributedRunFacts) -> str:
+    test = facts.test or "session"
+    if facts.launcher == "in_process":
+        return test
+    return f"{test} [{facts.world_size} ranks, {facts.backend}]"
+
+
+def section_text(facts_list: list[DistributedRunFacts], findings: list[Finding]) -> str:
+    """The 'gputrain diagnosis' section of a test report: findings first, then the ranks."""
+    lines: list[str] = []
+    for finding in findings:
+        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.message}")
+        lines.append(f"    fix: {finding.fix}")
+    for facts in facts_list:
+        if facts.launcher == "in_process":
+            continue
+        lines.append(f"launch: {facts.world_size} rank(s), backend {facts.backend}, "
+                     f"{facts.outcome} in {facts.duration or 0:.1f} s")
+        for rank in facts.ranks:
+            bits = [f"rank {rank.rank}", rank.device_name or rank.device or "?",
+                    rank.outcome or "?"]
+            if rank.steps is not None:
+                bits.append(f"{rank.steps} steps")
+            if rank.step_time_median is not None:
+                bits.append(f"step {rank.step_time_median * 1000:.1f} ms")
+            if rank.busy_time_median is not None:
+                bits.append(f"busy {rank.busy_time_median * 1000:.1f} ms")
+            if rank.samples is not None:
+                bits.append(f"{rank.samples} samples")
+            lines.append("  " + " | ".join(bits))
+    return "\n".join(lines)
