@@ -56,7 +56,7 @@ def parse_size(value: object) -> int:
         )
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"invalid size {value!r}: must be a finite, non-negative amount")
-    return int(round(number * _SIZE_UNITS[unit]))
+    return round(number * _SIZE_UNITS[unit])
 
 
 def parse_percent(value: object) -> float:

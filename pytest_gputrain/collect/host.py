@@ -36,5 +36,6 @@ def read_host(shm_path: str = "/dev/shm") -> HostFacts:
     else:
         facts.mark_unknown("shm_total", f"{shm_path} does not exist on this OS")
         facts.mark_unknown("shm_free", f"{shm_path} does not exist on this OS")
-    facts.in_container = os.path.exists("/.dockerenv") or bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    facts.in_container = os.path.exists("/.dockerenv") or bool(
+        os.environ.get("KUBERNETES_SERVICE_HOST"))
     return facts

@@ -63,7 +63,7 @@ class RungRecord:
 class HeadroomRecord:
     precision: str
     budget: int
-    probes: list[tuple[int, int]]  # (batch size, peak reserved bytes)
+    probes: list[tuple[int, int]]  # (batch size, peak allocated bytes)
     predicted: int | None
     verified: bool
     verified_peak: int | None
@@ -152,7 +152,7 @@ class Ladder:
         return record
 
     def short_run(self, device: str = "cuda", precision: str = "fp32", batch_size: int = 32,
-                  steps: int = 200, warmup: int = 10) -> RungRecord:
+                  steps: int = 200, warmup: int = 10, evaluate: bool = True) -> RungRecord:
         """A short training run: step time (median after warm-up), peak VRAM, utilization and
         temperature ranges (NVML, p10-p90), and validation accuracy."""
         torch = _torch()
@@ -181,7 +181,8 @@ class Ladder:
                 times.append(time.perf_counter() - started)
         summary = sampler.stop().summary() if sampler is not None else {}
         kept = times[warmup:] if len(times) > warmup else times
-        accuracy = self.spec.evaluate(model, dev, precision) if self.spec.evaluate else None
+        accuracy = (self.spec.evaluate(model, dev, precision)
+                    if evaluate and self.spec.evaluate else None)
         util, temp = summary.get("utilization_gpu"), summary.get("temperature")
         record = RungRecord(
             rung="short run", device=dev.type, precision=precision, batch_size=batch_size,
@@ -208,10 +209,11 @@ class Ladder:
         self._run_steps(model, optimizer, dev, precision, self.spec.batches(start_batch), 1)
         budget = budget if budget is not None else memory_budget(dev)
         probes = [(start_batch, self._peak(model, optimizer, dev, precision, start_batch))]
-        fixed = _settled_reserved(torch, dev)
+        fixed = _settled_allocated(torch, dev)
         for batch in plan_probes(start_batch, probes[0][1], fixed, budget):
             probes.append((batch, self._peak(model, optimizer, dev, precision, batch)))
-        predicted = predict_largest(fit_line(probes), budget)
+        # 5 % of the budget is left for fragmentation, which allocated bytes do not show.
+        predicted = predict_largest(fit_line(probes), budget, safety=0.05)
         record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
                                 predicted=predicted, verified=False, verified_peak=None)
         if predicted:
@@ -232,7 +234,9 @@ class Ladder:
         torch.cuda.reset_peak_memory_stats(device)
         self._run_steps(model, optimizer, device, precision, batches, 2)
         torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_reserved(device))
+        # Peak *allocated*, not reserved: near the budget the caching allocator frees its cache
+        # and retries, so what must fit is the live memory (reserved overstates it by ~50 %).
+        return int(torch.cuda.max_memory_allocated(device))
 
 
 def _release(torch: Any, device: Any) -> None:
@@ -242,9 +246,9 @@ def _release(torch: Any, device: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _settled_reserved(torch: Any, device: Any) -> int:
+def _settled_allocated(torch: Any, device: Any) -> int:
     _release(torch, device)
-    return int(torch.cuda.memory_reserved(device))
+    return int(torch.cuda.memory_allocated(device))
 
 
 def memory_budget(device: Any) -> int:

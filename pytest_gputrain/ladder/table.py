@@ -31,7 +31,7 @@ def _label(record: RungRecord) -> str:
 def rows(results: LadderResults) -> list[tuple[str, ...]]:
     runs = [r for r in results.rungs if r.rung == "short run"]
     cpu = next((r.seconds_per_step for r in runs if r.device == "cpu"), None)
-    out = []
+    out: list[tuple[str, ...]] = []
     for record in results.rungs:
         speedup = "–"
         if record.rung == "short run" and cpu and record.seconds_per_step:
@@ -51,7 +51,8 @@ def rows(results: LadderResults) -> list[tuple[str, ...]]:
 
 def summary_lines(results: LadderResults) -> list[str]:
     lines = []
-    runs = {(r.device, r.precision, r.batch_size): r for r in results.rungs if r.rung == "short run"}
+    runs = {(r.device, r.precision, r.batch_size): r
+            for r in results.rungs if r.rung == "short run"}
     for (device, precision, batch), record in sorted(runs.items(), key=str):
         base = runs.get((device, "fp32", batch))
         if precision != "fp32" and base and base.seconds_per_step and record.seconds_per_step:

@@ -16,7 +16,8 @@ def _cell(text: str) -> str:
 
 def report_markdown(report: Report) -> str:
     lines = ["## GPU diagnosis (pytest-gputrain)", ""]
-    lines.extend(f"- {line.removeprefix('gputrain: ')}" for line in header_lines(report.environment))
+    lines.extend(f"- {line.removeprefix('gputrain: ')}"
+                 for line in header_lines(report.environment))
     lines.append("")
     s = report.summary
     verdict = "**failed**" if report.failed else "passed"

@@ -28,7 +28,7 @@ class Summary(BaseModel):
 
 
 class Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     schema_: Literal["pytest-gputrain-report"] = Field("pytest-gputrain-report", alias="schema")
     schema_version: int = REPORT_SCHEMA_VERSION
@@ -53,6 +53,7 @@ def build_report(env: EnvironmentFacts, findings: list[Finding], fail_on: str,
     for finding in findings:
         setattr(summary, finding.severity, getattr(summary, finding.severity) + 1)
     return Report(
+        schema="pytest-gputrain-report",
         plugin_version=__version__,
         generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         fail_on=fail_on,

@@ -34,7 +34,8 @@ def _device_line(device: DeviceFacts) -> str:
     if device.compute_capability:
         parts.append(f"cc {device.compute_capability}")
     if device.memory_total is not None:
-        parts.append(f"mem {format_bytes(device.memory_used)} / {format_bytes(device.memory_total)}")
+        used, total = format_bytes(device.memory_used), format_bytes(device.memory_total)
+        parts.append(f"mem {used} / {total}")
     if device.temperature is not None:
         parts.append(f"{device.temperature:.0f} °C")
     if device.power_draw is not None:

@@ -50,8 +50,8 @@ def test_same_batch_on_cuda_uses_gpu_memory(ladder: Any) -> None:
 
 
 def test_short_run_on_cpu(ladder: Any) -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    record = ladder.short_run("cpu", batch_size=32, steps=15, warmup=3)
+    # Only the step time matters here (the CPU row of the table); 15 steps teach nothing.
+    record = ladder.short_run("cpu", batch_size=32, steps=15, warmup=3, evaluate=False)
     assert record.seconds_per_step > 0
 
 
