@@ -35,22 +35,33 @@ def runs_section(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{path: _get(run, path) for _, path, _ in COLUMNS} for run in runs]
 
 
+def _short_test(nodeid: str) -> str:
+    # "path/to/test_file.py::test_name[param]" -> "test_file.py::test_name[param]"
+    path, sep, name = nodeid.partition("::")
+    return f"{path.rsplit('/', 1)[-1]}{sep}{name}"
+
+
 def runs_lines(runs: list[dict[str, Any]], width: int = 100, limit: int = 30) -> list[str]:
+    """The tests that trained (took at least one step), one row each."""
+    trained = [run for run in runs if (run.get("steps") or 0) > 0]
     rows = []
-    for run in runs[:limit]:
+    for run in trained[:limit]:
         row = []
         for _, path, unit in COLUMNS:
             value = _get(run, path)
-            if value is None:
+            if path == "nodeid":
+                row.append(_short_test(str(value)))
+            elif value is None:
                 row.append("-")
             elif unit == "bytes":
                 row.append(format_bytes(value))
             else:
                 row.append(format_value(value, unit))
         rows.append(row)
-    table = tabulate(rows, headers=[title for title, _, _ in COLUMNS], tablefmt="simple",
-                     maxcolwidths=[max(20, width - 80)] + [None] * (len(COLUMNS) - 1))
-    lines = [f"gputrain: {len(runs)} training run(s) probed"
-             + (f" (first {limit} shown)" if len(runs) > limit else "")]
-    lines.extend(table.splitlines())
+    lines = [f"gputrain: {len(trained)} training run(s) probed"
+             + (f" (first {limit} shown)" if len(trained) > limit else "")]
+    if rows:
+        table = tabulate(rows, headers=[title for title, _, _ in COLUMNS], tablefmt="simple",
+                         maxcolwidths=[max(28, width - 75)] + [None] * (len(COLUMNS) - 1))
+        lines.extend(table.splitlines())
     return lines
