@@ -3,27 +3,40 @@
     from pytest_gputrain.distributed import run_ranks, rank_device
 
 See ``launcher`` for the launch, ``plugin`` for the ``distributed`` fixture and marker, and
-``docs/multi-gpu.md``. Importing this package imports no torch.
+``docs/multi-gpu.md``. Importing this package imports no torch, and the launcher only when one
+of its names is used (pytest imports this package at start-up, for the plugin).
 """
 
-from pytest_gputrain.distributed.errors import (
-    DistributedError,
-    DistributedSetupError,
-    RankFailure,
-    RankFunctionNotPicklable,
-    RankTimeout,
-)
-from pytest_gputrain.distributed.launcher import Launch, in_rank, launch, rank_device, run_ranks
+from __future__ import annotations
 
-__all__ = [
-    "DistributedError",
-    "DistributedSetupError",
-    "Launch",
-    "RankFailure",
-    "RankFunctionNotPicklable",
-    "RankTimeout",
-    "in_rank",
-    "launch",
-    "rank_device",
-    "run_ranks",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_gputrain.distributed.errors import (
+        DistributedError,
+        DistributedSetupError,
+        RankFailure,
+        RankFunctionNotPicklable,
+        RankTimeout,
+    )
+    from pytest_gputrain.distributed.launcher import (
+        Launch,
+        in_rank,
+        launch,
+        rank_device,
+        run_ranks,
+    )
+
+_ERRORS = ("DistributedError", "DistributedSetupError", "RankFailure",
+           "RankFunctionNotPicklable", "RankTimeout")
+_LAUNCHER = ("Launch", "in_rank", "launch", "rank_device", "run_ranks")
+__all__ = sorted(_ERRORS + _LAUNCHER)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ERRORS:
+        return getattr(importlib.import_module("pytest_gputrain.distributed.errors"), name)
+    if name in _LAUNCHER:
+        return getattr(importlib.import_module("pytest_gputrain.distributed.launcher"), name)
+    raise AttributeError(f"module 'pytest_gputrain.distributed' has no attribute {name!r}")
