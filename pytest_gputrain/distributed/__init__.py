@@ -31,7 +31,18 @@ if TYPE_CHECKING:
 _ERRORS = ("DistributedError", "DistributedSetupError", "RankFailure",
            "RankFunctionNotPicklable", "RankTimeout")
 _LAUNCHER = ("Launch", "in_rank", "launch", "rank_device", "run_ranks")
-__all__ = sorted(_ERRORS + _LAUNCHER)
+__all__ = [
+    "DistributedError",
+    "DistributedSetupError",
+    "Launch",
+    "RankFailure",
+    "RankFunctionNotPicklable",
+    "RankTimeout",
+    "in_rank",
+    "launch",
+    "rank_device",
+    "run_ranks",
+]
 
 
 def __getattr__(name: str) -> Any:
