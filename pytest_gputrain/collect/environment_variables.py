@@ -19,17 +19,23 @@ RELEVANT = (
 )
 # NCCL_* is read by prefix, but a few NCCL variables may carry credentials or hosts' secrets.
 _NCCL_DENY = ("NCCL_COMM_ID_PASSWORD",)
+_SECRET_WORDS = ("PASS", "TOKEN", "SECRET")
+
+
+def matching_variables(environ: Mapping[str, str], prefixes: tuple[str, ...]) -> dict[str, str]:
+    """Variables with these prefixes, sorted, leaving out any that look like credentials."""
+    return {
+        name: value
+        for name, value in sorted(environ.items())
+        if name.startswith(prefixes) and name not in _NCCL_DENY
+        and not any(word in name for word in _SECRET_WORDS)
+    }
 
 
 def read_environment(environ: Mapping[str, str] | None = None) -> EnvFacts:
     environ = os.environ if environ is None else environ
     variables = {name: environ[name] for name in RELEVANT if name in environ}
-    nccl = {
-        name: value
-        for name, value in environ.items()
-        if name.startswith("NCCL_") and name not in _NCCL_DENY and "PASS" not in name
-        and "TOKEN" not in name and "SECRET" not in name
-    }
+    nccl = matching_variables(environ, ("NCCL_",))
     variables.update(nccl)
     return EnvFacts(
         variables=dict(sorted(variables.items())),

@@ -1,0 +1,70 @@
+"""Collectors on a machine without a GPU: they never raise, and they say why a fact is unknown."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_gputrain.collect import nvml
+from pytest_gputrain.collect.environment_variables import read_environment
+from pytest_gputrain.collect.host import read_host
+from pytest_gputrain.collect.toolkit import read_toolkit
+
+
+def test_only_relevant_variables_are_read_and_secrets_never() -> None:
+    facts = read_environment({
+        "CUDA_VISIBLE_DEVICES": "1,0", "CUDA_LAUNCH_BLOCKING": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_P2P_DISABLE": "1",
+        "NCCL_COMM_ID_PASSWORD": "hunter2", "NCCL_API_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
+        "HOME": "/root", "WANDB_API_KEY": "k",
+    })
+    assert facts.variables == {
+        "CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "1,0", "NCCL_P2P_DISABLE": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert facts.nccl_variables == {"NCCL_P2P_DISABLE": "1"}
+    assert facts.cuda_launch_blocking is True
+    assert facts.cuda_visible_devices == "1,0"
+    assert read_environment({"CUDA_LAUNCH_BLOCKING": "0"}).cuda_launch_blocking is False
+    assert read_environment({}).cuda_visible_devices is None
+
+
+def test_nvml_errors_become_readings_with_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Broken:
+        def nvmlInit(self) -> None:
+            return None
+
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> str:
+            return "handle"
+
+        def nvmlDeviceGetName(self, handle: str) -> str:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED Not Supported")
+
+        def nvmlDeviceGetMemoryInfo(self, handle: str) -> None:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST GPU is lost")
+
+    session = nvml.Nvml()
+    session._initialised, session._module = True, Broken()
+    reading = session.call("nvmlDeviceGetName", "handle")
+    assert not reading.ok and reading.error == "NOT_SUPPORTED Not Supported"
+    assert session.call("nvmlDeviceGetNoSuchCall").error == (
+        "nvmlDeviceGetNoSuchCall is not in this nvidia-ml-py version")
+    device = nvml.read_device(0, own_pids=set(), nvml=session)
+    assert device.name is None and device.unknown["name"] == "NOT_SUPPORTED Not Supported"
+    assert device.lost is True  # GPU_IS_LOST from any call marks the device lost
+    assert device.memory_total is None and "GPU is lost" in device.unknown["memory_total"]
+
+
+def test_missing_driver_is_a_fact_not_an_error() -> None:
+    session = nvml.Nvml()
+    facts = nvml.read_system(session)
+    if facts.available:
+        pytest.skip("this machine has an NVIDIA driver")
+    assert (facts.reason and "driver" in facts.reason.lower()) or "nvml" in (facts.reason or "")
+    assert facts.unknown["device_count"] == facts.reason
+
+
+def test_host_and_toolkit_never_raise(tmp_path: object) -> None:
+    host = read_host(shm_path="/no/such/shm")
+    assert host.shm_total is None and "does not exist" in host.unknown["shm_total"]
+    assert host.cpu_count_logical and host.cpu_count_logical >= 1
+    tools = read_toolkit()
+    assert tools.nvcc_version is not None or "nvcc" in tools.unknown["nvcc_version"]
