@@ -34,42 +34,13 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training_step import build_step
+
 from pytest_gputrain.regression.benchmark import BenchmarkOptions, BenchmarkResult, measure
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.output import format_p, format_seconds
 from pytest_gputrain.regression.stats import median
 from pytest_gputrain.regression.store import ResultRecord
-
-
-def build_step(torch: Any, device: str, batch: int) -> Any:
-    nn = torch.nn
-    torch.manual_seed(0)
-    if device == "cpu":
-        model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
-                              nn.Linear(1024, 10))
-        inputs = torch.randn(batch, 512)
-    else:
-        model = nn.Sequential(
-            nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(128, 256, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10),
-        ).to(device, memory_format=torch.channels_last)
-        inputs = torch.randn(batch, 3, 64, 64, device=device).to(
-            memory_format=torch.channels_last)
-    model = model.to(device)
-    targets = torch.randint(0, 10, (batch,), device=device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-
-    return step
 
 
 def timed(step: Any, device: str, rounds: int, warmup: int) -> BenchmarkResult:
