@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("CUDA is not available", allow_module_level=True)
+from pytest_gputrain.regression.benchmark import BenchmarkOptions, measure
 
-from pytest_gputrain.regression.benchmark import BenchmarkOptions, measure  # noqa: E402
+torch = pytest.importorskip("torch")
+# The plugin's own marker: skips with the reason on CPU runners, fails under --gpu-required,
+# and adds the `gpu` marker so `pytest -m gpu` selects these tests.
+pytestmark = pytest.mark.requires_cuda
 
 
 def _step() -> object:
