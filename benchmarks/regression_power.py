@@ -34,7 +34,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training_step import build_step
+from training_step import size_batch as shared_size_batch
 
 from pytest_gputrain.regression.benchmark import BenchmarkOptions, BenchmarkResult, measure
 from pytest_gputrain.regression.compare import GateSettings, compare_test
@@ -51,21 +51,8 @@ def timed(step: Any, device: str, rounds: int, warmup: int) -> BenchmarkResult:
 
 def size_batch(torch: Any, device: str, target: tuple[float, float]) -> tuple[int, Any, float]:
     """A batch whose step median lands in ``target`` seconds (or the closest tried)."""
-    batch = 64 if device == "cpu" else 128
-    best: tuple[int, Any, float] | None = None
-    for _ in range(6):
-        step = build_step(torch, device, batch)
-        med = timed(step, device, 30, 10).median
-        if best is None or abs(med - sum(target) / 2) < abs(best[2] - sum(target) / 2):
-            best = (batch, step, med)
-        if med < target[0]:
-            batch *= 2
-        elif med > target[1] and batch > 8:
-            batch //= 2
-        else:
-            break
-    assert best is not None
-    return best
+    return shared_size_batch(torch, device, target,
+                             lambda step: timed(step, device, 30, 10).median, tries=6)
 
 
 class ExtraWork:

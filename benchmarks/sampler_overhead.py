@@ -36,7 +36,7 @@ from pytest_gputrain.collect.sampler import NvmlSampler
 GOAL = 1.01
 
 
-from training_step import build_step  # noqa: E402  (benchmarks/ is on sys.path)
+from training_step import size_batch  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def run_steps(torch: Any, step: Any, device: str, steps: int) -> list[float]:
@@ -53,22 +53,12 @@ def run_steps(torch: Any, step: Any, device: str, steps: int) -> list[float]:
 
 def calibrate(torch: Any, device: str, target: tuple[float, float]) -> tuple[int, Any, float]:
     """A batch whose median step time lands in ``target`` seconds (or the closest tried)."""
-    batch = 64 if device == "cpu" else 128
-    best: tuple[int, Any, float] | None = None
-    for _ in range(7):
-        step = build_step(torch, device, batch)
+
+    def median_of(step: Any) -> float:
         run_steps(torch, step, device, 5)
-        med = statistics.median(run_steps(torch, step, device, 20))
-        if best is None or abs(med - sum(target) / 2) < abs(best[2] - sum(target) / 2):
-            best = (batch, step, med)
-        if med < target[0]:
-            batch *= 2
-        elif med > target[1] and batch > 8:
-            batch //= 2
-        else:
-            break
-    assert best is not None
-    return best
+        return statistics.median(run_steps(torch, step, device, 20))
+
+    return size_batch(torch, device, target, median_of)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -35,3 +36,24 @@ def build_step(torch: Any, device: str, batch: int) -> Any:
         optimizer.step()
 
     return step
+
+
+def size_batch(torch: Any, device: str, target: tuple[float, float],
+               median_of: Callable[[Any], float], tries: int = 7) -> tuple[int, Any, float]:
+    """A batch whose step median (``median_of(step)``, seconds) lands in ``target``, or the
+    closest one tried: doubling or halving from a start that suits the device."""
+    batch = 64 if device == "cpu" else 128
+    best: tuple[int, Any, float] | None = None
+    for _ in range(tries):
+        step = build_step(torch, device, batch)
+        med = median_of(step)
+        if best is None or abs(med - sum(target) / 2) < abs(best[2] - sum(target) / 2):
+            best = (batch, step, med)
+        if med < target[0]:
+            batch *= 2
+        elif med > target[1] and batch > 8:
+            batch //= 2
+        else:
+            break
+    assert best is not None
+    return best
