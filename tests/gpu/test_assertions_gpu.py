@@ -344,5 +344,5 @@ def test_two_xdist_workers_get_different_gpus(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(["gputrain: pinning 2 xdist workers to GPUs "
                                  "(CUDA_VISIBLE_DEVICES): gw0=* gw1=*"])
     line = next(ln for ln in result.stdout.lines if ln.startswith("gputrain: pinning"))
-    gw0, gw1 = (part.split("=")[1] for part in line.split(": ")[1].split())
+    gw0, gw1 = (part.split("=")[1] for part in line.rsplit(": ", 1)[1].split())
     assert gw0 != gw1
