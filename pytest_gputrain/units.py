@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-_SIZE_UNITS: dict[str, int] = {
-    "": 1,
+# The byte units written out in full; the rule language accepts only these.
+BYTE_UNITS: dict[str, int] = {
     "b": 1,
     "kb": 10**3,
     "mb": 10**6,
@@ -21,11 +21,12 @@ _SIZE_UNITS: dict[str, int] = {
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
-    "k": 2**10,
-    "m": 2**20,
-    "g": 2**30,
-    "t": 2**40,
 }
+BYTE_UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+
+# Markers and ini values also take a bare number (bytes) and the one-letter binary shorthands.
+_SIZE_UNITS: dict[str, int] = {**BYTE_UNITS, "": 1, "k": 2**10, "m": 2**20, "g": 2**30,
+                               "t": 2**40}
 
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -51,8 +52,8 @@ def parse_size(value: object) -> int:
         )
     if unit not in _SIZE_UNITS:
         raise ValueError(
-            f"invalid size {value!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, "
-            f"GiB or TiB), e.g. {SIZE_EXAMPLE}"
+            f"invalid size {value!r}: unknown unit {unit!r} (use {BYTE_UNIT_NAMES}), "
+            f"e.g. {SIZE_EXAMPLE}"
         )
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"invalid size {value!r}: must be a finite, non-negative amount")

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, Final, TypeGuard
 
+from pytest_gputrain.units import BYTE_UNIT_NAMES, BYTE_UNITS
+
 __all__ = [
     "FUNCTIONS",
     "MAX_DEPTH",
@@ -56,18 +58,8 @@ _IDENT_START: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU
 _IDENT_CHARS: Final = _IDENT_START | _DIGITS
 _SPACE: Final = frozenset(" \t\r\n")
 
-_UNITS: Final[Mapping[str, int]] = MappingProxyType({
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-})
-_UNIT_NAMES: Final = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+_UNITS: Final[Mapping[str, int]] = MappingProxyType(BYTE_UNITS)
+_UNIT_NAMES: Final = BYTE_UNIT_NAMES
 
 _KEYWORDS: Final = frozenset(
     {"and", "or", "not", "in", "true", "false", "True", "False", "none", "null", "None"}
