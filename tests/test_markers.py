@@ -561,6 +561,32 @@ def test_min_utilization_without_nvml_fails_with_the_reason(pytester: pytest.Pyt
         "available (fake) (needs 50 %)"])
 
 
+@pytest.mark.parametrize(("nvml_error", "reason"), [
+    ("'NVML Shared Library Not Found (fake)'", "NVML Shared Library Not Found (fake)"),
+    ("None", "cuda:0 has no NVML index (MIG, or CUDA_VISIBLE_DEVICES)"),
+])
+def test_a_device_without_nvml_index_says_why(pytester: pytest.Pytester, nvml_error: str,
+                                             reason: str) -> None:
+    # A GPU torch sees but NVML cannot name: NVML itself is missing (a container without the
+    # driver's "utility" capability), or NVML is there and the device is a MIG instance.
+    fake_project(pytester, f"""Inventory(
+        torch_version="2.11.0+cu130", cuda_build="13.0", cuda_available=True,
+        nvml_error={nvml_error}, nvml_device_count=None if {nvml_error} else 1,
+        devices=[CudaDevice(index=0, name="NVIDIA H200", nvml_index=None, capability=(9, 0),
+                            memory_total=2**37)])""")
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.min_utilization(50)
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        f"min_utilization: cannot sample GPU utilization on cuda:0: {reason} (needs 50 %)"])
+
+
 # -- JUnit XML -------------------------------------------------------------------------------------
 
 def test_junit_xml_gets_peak_vram_and_mean_utilization(pytester: pytest.Pytester) -> None:

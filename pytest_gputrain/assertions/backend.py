@@ -75,13 +75,6 @@ class GpuBackend(Protocol):
     def own_pids(self) -> set[int]: ...
 
 
-def parse_visible_devices(text: str | None) -> list[str] | None:
-    """``CUDA_VISIBLE_DEVICES`` as its entries; None when unset."""
-    if text is None:
-        return None
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
 class RealBackend:
     """torch + NVML."""
 
@@ -109,18 +102,13 @@ class RealBackend:
     # -- facts -----------------------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
-        nvml = self._nvml()
-        session = nvml.shared()
+        system = self._nvml().read_system()
         inv = Inventory(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if session.available:
-            driver = session.call("nvmlSystemGetDriverVersion")
-            if driver.ok:
-                inv.driver_version = _decode(driver.value)
-            count = session.call("nvmlDeviceGetCount")
-            if count.ok:
-                inv.nvml_device_count = int(count.value)
+        if system.available:
+            inv.driver_version = system.driver_version
+            inv.nvml_device_count = system.device_count
         else:
-            inv.nvml_error = session.reason or "NVML not available"
+            inv.nvml_error = system.reason or "NVML not available"
         try:
             torch = self._torch()
         except Exception as exc:  # ImportError, or a broken install raising OSError
@@ -146,23 +134,21 @@ class RealBackend:
 
     def _describe(self, torch: Any, cuda_index: int) -> CudaDevice:
         device = CudaDevice(index=cuda_index, nvml_index=self.nvml_index(cuda_index))
-        session = self._nvml().shared()
-        if device.nvml_index is not None and session.available:
-            handle = session.call("nvmlDeviceGetHandleByIndex", device.nvml_index)
-            if handle.ok:
-                name = session.call("nvmlDeviceGetName", handle.value)
-                if name.ok:
-                    device.name = _decode(name.value)
-                capability = session.call("nvmlDeviceGetCudaComputeCapability", handle.value)
-                if capability.ok:
-                    device.capability = (int(capability.value[0]), int(capability.value[1]))
-                else:
-                    device.unknown["capability"] = capability.error or "unknown"
-                memory = session.call("nvmlDeviceGetMemoryInfo", handle.value)
-                if memory.ok:
-                    device.memory_total = int(memory.value.total)
-                else:
-                    device.unknown["memory_total"] = memory.error or "unknown"
+        nvml = self._nvml()
+        if device.nvml_index is not None and nvml.shared().available:
+            name = nvml.read_name(device.nvml_index)
+            if name.ok:
+                device.name = name.value
+            capability = nvml.read_compute_capability(device.nvml_index)
+            if capability.ok:
+                device.capability = capability.value
+            else:
+                device.unknown["capability"] = capability.error or "unknown"
+            memory = nvml.read_memory_info(device.nvml_index)
+            if memory.ok:
+                device.memory_total = memory.value.total
+            else:
+                device.unknown["memory_total"] = memory.error or "unknown"
         if device.name is None or device.capability is None or device.memory_total is None:
             # Not readable through NVML (no NVML, MIG, ROCm): ask torch (creates the context).
             try:
@@ -182,14 +168,14 @@ class RealBackend:
         session = nvml.shared()
         index = self.nvml_index(cuda_index)
         if index is not None and session.available:
-            handle = session.call("nvmlDeviceGetHandleByIndex", index)
-            memory = session.call("nvmlDeviceGetMemoryInfo", handle.value) if handle.ok \
-                else handle
+            memory = nvml.read_memory_info(index)
             if memory.ok:
-                others, other_bytes, own_bytes = self._holders(session, handle.value)
-                return FreeMemory(free=int(memory.value.free), total=int(memory.value.total),
-                                  other_processes=others, other_memory=other_bytes,
-                                  own_memory=own_bytes)
+                # None when NVML cannot list the processes on the GPU.
+                holders = nvml.read_memory_holders(index, self.own_pids()).value
+                return FreeMemory(free=memory.value.free, total=memory.value.total,
+                                  other_processes=holders.other_count if holders else None,
+                                  other_memory=holders.other_memory if holders else None,
+                                  own_memory=holders.own_memory if holders else None)
             nvml_reason = memory.error
         else:
             nvml_reason = session.reason if not session.available else \
@@ -200,57 +186,15 @@ class RealBackend:
             return FreeMemory(free=None, reason=f"NVML: {nvml_reason}; torch: {exc}")
         return FreeMemory(free=int(free), total=int(total), source="torch.cuda.mem_get_info")
 
-    def _holders(self, session: Any, handle: Any) -> tuple[int | None, int | None, int | None]:
-        reading = session.first(("nvmlDeviceGetComputeRunningProcesses_v3",
-                                 "nvmlDeviceGetComputeRunningProcesses"), handle)
-        if not reading.ok:
-            return None, None, None
-        own = self.own_pids()
-        others = other_bytes = own_bytes = 0
-        for info in reading.value:
-            used = getattr(info, "usedGpuMemory", None)
-            size = used if isinstance(used, int) and used >= 0 else 0
-            if int(info.pid) in own:
-                own_bytes += size
-            else:
-                others += 1
-                other_bytes += size
-        return others, other_bytes, own_bytes
-
     def nvml_device_count(self) -> tuple[int | None, str | None]:
-        session = self._nvml().shared()
-        if not session.available:
-            return None, session.reason
-        count = session.call("nvmlDeviceGetCount")
-        return (int(count.value), None) if count.ok else (None, count.error)
+        count = self._nvml().read_device_count()
+        return (count.value, None) if count.ok else (None, count.error)
 
     def nvml_index(self, cuda_index: int) -> int | None:
-        """NVML index of ``cuda:<cuda_index>`` without creating a CUDA context when possible."""
-        if cuda_index in self._nvml_index:
-            return self._nvml_index[cuda_index]
-        nvml = self._nvml()
-        torch = self._torch_if_imported()
-        found: int | None = None
-        initialized = False
-        try:
-            initialized = bool(torch is not None and torch.cuda.is_initialized())
-        except Exception:
-            initialized = False
-        if initialized:
-            found = nvml.index_for_cuda_device(cuda_index)
-        else:
-            entries = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-            if entries is None:
-                count, _ = self.nvml_device_count()
-                found = cuda_index if count is not None and cuda_index < count else None
-            elif cuda_index < len(entries):
-                entry = entries[cuda_index]
-                if entry.isdigit():
-                    found = int(entry)
-                elif entry.upper().startswith("GPU-"):
-                    found = nvml.index_for_uuid(entry)
-        self._nvml_index[cuda_index] = found
-        return found
+        """NVML index of ``cuda:<cuda_index>`` (creates no CUDA context)."""
+        if cuda_index not in self._nvml_index:
+            self._nvml_index[cuda_index] = self._nvml().index_for_cuda_device(cuda_index)
+        return self._nvml_index[cuda_index]
 
     # -- allocator -------------------------------------------------------------------------------
 
@@ -348,7 +292,3 @@ class RealBackend:
 
     def own_pids(self) -> set[int]:
         return set(self._nvml().own_process_ids())
-
-
-def _decode(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

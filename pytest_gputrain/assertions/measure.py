@@ -88,7 +88,10 @@ class TestRun:
             self.sampler_error = f"no NVML index for cuda:{index}: {_why(exc)}"
             return
         if self.nvml_index is None:
-            self.sampler_error = f"cuda:{index} has no NVML index (MIG, or CUDA_VISIBLE_DEVICES)"
+            count, nvml_error = backend.nvml_device_count()
+            # Without NVML no device has an index: say why NVML is missing instead.
+            self.sampler_error = nvml_error if count is None and nvml_error else \
+                f"cuda:{index} has no NVML index (MIG, or CUDA_VISIBLE_DEVICES)"
             return
         device_measure = max_vram is not None and max_vram.measure == "device"
         try:

@@ -3,13 +3,18 @@
 NVML is initialised lazily, once per process, and every call is wrapped so that an error never
 reaches pytest: NotSupported, NoPermission, a missing library or a GPU that fell off the bus all
 become a ``Reading`` with no value and a reason. Module ``pynvml`` comes from nvidia-ml-py.
+
+Code outside ``collect/`` asks the functions here (``read_name``, ``read_memory_info``,
+``read_memory_holders``, ``index_for_cuda_device``, ...) and never names an NVML call itself.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +52,11 @@ class Reading:
 class Nvml:
     """A lazily initialised NVML session (one per process, see ``shared()``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: Any = None) -> None:
+        """``module``: an initialised stand-in for ``pynvml`` (tests hand in a fake)."""
         self._lock = threading.Lock()
-        self._initialised = False
-        self._module: Any = None
+        self._initialised = module is not None
+        self._module: Any = module
         self.reason: str | None = None
 
     @property
@@ -155,7 +161,7 @@ def read_system(nvml: Nvml | None = None) -> NvmlFacts:
         nvml.first(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion")),
         _cuda_version_text,
     )
-    _set(facts, "device_count", nvml.call("nvmlDeviceGetCount"), int)
+    _set(facts, "device_count", read_device_count(nvml))
     return facts
 
 
@@ -268,25 +274,20 @@ def _set_retired_pages(facts: DeviceFacts, nvml: Nvml, handle: Any) -> None:
 
 
 def _set_processes(facts: DeviceFacts, nvml: Nvml, handle: Any, own_pids: set[int]) -> None:
-    reading = nvml.first(("nvmlDeviceGetComputeRunningProcesses_v3",
-                          "nvmlDeviceGetComputeRunningProcesses"), handle)
+    reading = _list_processes(nvml, handle)
     if not reading.ok:
         for field in ("processes", "other_process_count", "other_process_memory"):
             facts.mark_unknown(field, reading.error or "unknown")
         return
-    processes = []
-    for info in reading.value:
-        used = getattr(info, "usedGpuMemory", None)
-        processes.append(GpuProcess(
-            pid=int(info.pid),
-            name=_process_name(int(info.pid)),
-            used_memory=int(used) if isinstance(used, int) and used >= 0 else None,
-            own=int(info.pid) in own_pids,
-        ))
-    facts.processes = processes
-    others = [p for p in processes if not p.own]
-    facts.other_process_count = len(others)
-    facts.other_process_memory = sum(p.used_memory or 0 for p in others)
+    listed: list[ProcessMemory] = reading.value
+    facts.processes = [
+        GpuProcess(pid=process.pid, name=_process_name(process.pid),
+                   used_memory=process.used_memory, own=process.pid in own_pids)
+        for process in listed
+    ]
+    holders = MemoryHolders.split(listed, own_pids)
+    facts.other_process_count = holders.other_count
+    facts.other_process_memory = holders.other_memory
 
 
 def _process_name(pid: int) -> str | None:
@@ -342,60 +343,231 @@ def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | No
         temperature=float(temperature.value) if temperature.ok else None,
         sm_clock=float(clock.value) if clock.ok else None,
         clock_event_reasons=int(reasons.value) if reasons.ok else None,
-        process_memory=read_process_memory(h, pids, nvml) if pids is not None else None,
+        process_memory=_process_memory(nvml, h, pids) if pids is not None else None,
     )
 
 
-def read_process_memory(handle: Any, pids: Collection[int], nvml: Nvml | None = None
-                        ) -> int | None:
-    """GPU memory the processes ``pids`` hold on a device (0 when none of them is listed)."""
-    nvml = nvml or shared()
+# -- one device, by NVML index --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """A GPU's memory in bytes, as NVML counts it (every process, not only this one)."""
+
+    total: int
+    free: int
+    used: int
+
+
+def _converted(reading: Reading, convert: Callable[[Any], Any]) -> Reading:
+    """``reading`` with its value converted; an unexpected value becomes a reason too."""
+    if not reading.ok:
+        return reading
+    try:
+        return Reading(value=convert(reading.value))
+    except Exception as exc:
+        return Reading(error=f"unexpected value {reading.value!r}: {exc}")
+
+
+def _device_call(nvml: Nvml, index: int, name: str, *args: Any) -> Reading:
+    """``name(handle of GPU index, *args)``; a missing handle gives its reason."""
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    return nvml.call(name, handle.value, *args) if handle.ok else handle
+
+
+def read_device_count(nvml: Nvml | None = None) -> Reading:
+    """How many GPUs NVML sees (an ``int``), whatever ``CUDA_VISIBLE_DEVICES`` says."""
+    return _converted((nvml or shared()).call("nvmlDeviceGetCount"), int)
+
+
+def read_name(index: int, nvml: Nvml | None = None) -> Reading:
+    """The product name of GPU ``index`` (a ``str``)."""
+    return _converted(_device_call(nvml or shared(), index, "nvmlDeviceGetName"), _decode)
+
+
+def read_compute_capability(index: int, nvml: Nvml | None = None) -> Reading:
+    """The compute capability of GPU ``index`` as ``(major, minor)``."""
+    return _converted(_device_call(nvml or shared(), index, "nvmlDeviceGetCudaComputeCapability"),
+                      lambda v: (int(v[0]), int(v[1])))
+
+
+def read_memory_info(index: int, nvml: Nvml | None = None) -> Reading:
+    """Total, free and used memory of GPU ``index`` (a ``MemoryInfo``)."""
+    return _converted(_device_call(nvml or shared(), index, "nvmlDeviceGetMemoryInfo"),
+                      lambda v: MemoryInfo(total=int(v.total), free=int(v.free), used=int(v.used)))
+
+
+# -- who holds memory on a GPU --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A compute process on a GPU and the bytes it holds there (None when NVML cannot say)."""
+
+    pid: int
+    used_memory: int | None
+
+
+@dataclass(frozen=True)
+class MemoryHolders:
+    """The memory on one GPU held by a set of processes (``own``) and by every other one."""
+
+    own_memory: int
+    other_count: int
+    other_memory: int
+
+    @classmethod
+    def split(cls, processes: Iterable[ProcessMemory], own_pids: Collection[int]
+              ) -> MemoryHolders:
+        own_memory = other_count = other_memory = 0
+        for process in processes:
+            used = process.used_memory or 0  # an unknown size counts as none
+            if process.pid in own_pids:
+                own_memory += used
+            else:
+                other_count += 1
+                other_memory += used
+        return cls(own_memory=own_memory, other_count=other_count, other_memory=other_memory)
+
+
+def _list_processes(nvml: Nvml, handle: Any) -> Reading:
+    """The compute processes on a GPU (a ``list[ProcessMemory]``); the one place that lists them."""
     reading = nvml.first(("nvmlDeviceGetComputeRunningProcesses_v3",
                           "nvmlDeviceGetComputeRunningProcesses"), handle)
-    if not reading.ok:
-        return None
-    wanted = set(pids)
-    total = 0
-    for info in reading.value:
-        used = getattr(info, "usedGpuMemory", None)
-        if int(info.pid) in wanted and isinstance(used, int) and used >= 0:
-            total += used
-    return total
+
+    def convert(infos: Iterable[Any]) -> list[ProcessMemory]:
+        listed = []
+        for info in infos:
+            # pynvml gives None where NVML answers "not available" (WDDM, MIG, no permission).
+            used = getattr(info, "usedGpuMemory", None)
+            listed.append(ProcessMemory(
+                pid=int(info.pid),
+                used_memory=int(used) if isinstance(used, int) and used >= 0 else None))
+        return listed
+
+    return _converted(reading, convert)
 
 
-def index_for_uuid(uuid: str, nvml: Nvml | None = None) -> int | None:
-    """NVML index of the GPU with this UUID (torch reports UUIDs for its cuda:N devices)."""
+def _process_memory(nvml: Nvml, handle: Any, pids: Collection[int]) -> int | None:
+    """Bytes the processes ``pids`` hold on a GPU (0 when none of them is listed)."""
+    reading = _list_processes(nvml, handle)
+    return MemoryHolders.split(reading.value, set(pids)).own_memory if reading.ok else None
+
+
+def read_memory_holders(index: int, own_pids: Collection[int], nvml: Nvml | None = None
+                        ) -> Reading:
+    """The memory ``own_pids`` and all other processes hold on GPU ``index`` (``MemoryHolders``)."""
     nvml = nvml or shared()
-    count = nvml.call("nvmlDeviceGetCount")
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    if not handle.ok:
+        return handle
+    wanted = set(own_pids)
+    return _converted(_list_processes(nvml, handle.value),
+                      lambda listed: MemoryHolders.split(listed, wanted))
+
+
+# -- torch's cuda:N -> NVML index -----------------------------------------------------------------
+
+
+def _bare_uuid(text: str) -> str:
+    """A GPU UUID lower case without ``GPU-``: NVML says ``GPU-<hex>``, torch ``<hex>``."""
+    text = text.strip().lower()
+    return text[len("gpu-"):] if text.startswith("gpu-") else text
+
+
+def _is_uuid_entry(entry: str) -> bool:
+    return entry.upper().startswith("GPU-")
+
+
+def _index_entry(entry: str, count: int) -> int | None:
+    # CUDA reads an index like strtoul: its leading digits ("1gpu2" is 1).
+    digits = re.match(r"\d+", entry)
+    if digits is None:
+        return None
+    index = int(digits.group())
+    return index if index < count else None
+
+
+def _uuid_entry(entry: str, uuids: Sequence[str | None]) -> int | None:
+    # A UUID entry may be any prefix that names exactly one GPU.
+    if not _is_uuid_entry(entry):
+        return None
+    wanted = _bare_uuid(entry)
+    if not wanted:
+        return None
+    matches = [index for index, uuid in enumerate(uuids)
+               if uuid is not None and _bare_uuid(uuid).startswith(wanted)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def visible_nvml_indices(visible: str | None, uuids: Sequence[str | None]) -> list[int]:
+    """The NVML indices of cuda:0, cuda:1, ... under ``CUDA_VISIBLE_DEVICES=visible``.
+
+    ``uuids`` holds every GPU's UUID in NVML order (None where NVML cannot read one). The variable
+    is read as the CUDA driver reads it (and torch's ``_parse_visible_devices`` models it): unset
+    shows every GPU; otherwise a list of indices, or of ``GPU-`` UUIDs where a unique prefix will
+    do. The first entry that names no GPU (garbage, a negative or too large index, a ``MIG-``
+    instance, an unknown or ambiguous UUID) hides itself and every entry after it, and a GPU
+    named twice hides them all. Indices are taken in NVML (PCI bus) order, which is CUDA's order
+    when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or the GPUs are all one model.
+    """
+    count = len(uuids)
+    if visible is None:
+        return list(range(count))
+    entries = [entry.strip() for entry in visible.split(",")]
+    by_uuid = _is_uuid_entry(entries[0])
+    indices: list[int] = []
+    for entry in entries:
+        index = _uuid_entry(entry, uuids) if by_uuid else _index_entry(entry, count)
+        if index is None:
+            break
+        if index in indices:
+            return []
+        indices.append(index)
+    return indices
+
+
+def _device_uuids(nvml: Nvml) -> list[str | None] | None:
+    """Every GPU's UUID in NVML order (None for one NVML cannot read); None without NVML."""
+    count = read_device_count(nvml)
     if not count.ok:
         return None
-    wanted = uuid.removeprefix("GPU-")
-    for index in range(int(count.value)):
-        handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
-        if not handle.ok:
-            continue
-        found = nvml.call("nvmlDeviceGetUUID", handle.value)
-        if found.ok and _decode(found.value).removeprefix("GPU-") == wanted:
-            return index
-    return None
+    uuids: list[str | None] = []
+    for index in range(count.value):
+        uuid = _converted(_device_call(nvml, index, "nvmlDeviceGetUUID"), _decode)
+        uuids.append(uuid.value if uuid.ok else None)
+    return uuids
 
 
-def index_for_cuda_device(cuda_index: int) -> int | None:
-    """NVML index of torch's ``cuda:<cuda_index>``, honouring CUDA_VISIBLE_DEVICES."""
+def _torch_device_uuid(cuda_index: int) -> str | None:
+    """torch's UUID for cuda:N, only where CUDA is initialised already (no new context)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
     try:
-        import torch
+        if not torch.cuda.is_initialized():
+            return None
+        return str(torch.cuda.get_device_properties(cuda_index).uuid) or None
+    except Exception:  # a torch without .uuid, an index torch does not know, a broken context
+        return None
 
-        uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
-    except Exception:
-        uuid = ""
-    if uuid:
-        found = index_for_uuid(uuid)
-        if found is not None:
-            return found
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return cuda_index
-    entries = [item.strip() for item in visible.split(",") if item.strip()]
-    if cuda_index < len(entries) and entries[cuda_index].isdigit():
-        return int(entries[cuda_index])
-    return None
+
+def index_for_cuda_device(cuda_index: int, nvml: Nvml | None = None) -> int | None:
+    """NVML index of torch's ``cuda:<cuda_index>``; None when NVML knows no such GPU.
+
+    Once torch has initialised CUDA, the device's UUID settles it; before (or for a MIG
+    instance, whose UUID no NVML GPU has), ``CUDA_VISIBLE_DEVICES`` does, read by
+    ``visible_nvml_indices``. Creates no CUDA context and never raises.
+    """
+    nvml = nvml or shared()
+    uuids = _device_uuids(nvml)
+    if uuids is None or cuda_index < 0:
+        return None
+    torch_uuid = _torch_device_uuid(cuda_index)
+    if torch_uuid is not None:
+        wanted = _bare_uuid(torch_uuid)
+        for index, uuid in enumerate(uuids):
+            if uuid is not None and _bare_uuid(uuid) == wanted:
+                return index
+    visible = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+    return visible[cuda_index] if cuda_index < len(visible) else None

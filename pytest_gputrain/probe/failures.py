@@ -371,26 +371,14 @@ def _fill_arch(facts: FailureFacts, probe: Any, torch: Any) -> None:
 
 
 def nvml_capability(cuda_index: int) -> str | None:
-    """Compute capability via NVML (no CUDA call), mapping through CUDA_VISIBLE_DEVICES."""
-    try:
-        from pytest_gputrain.collect import nvml
+    """Compute capability via NVML (no new CUDA context), mapping through CUDA_VISIBLE_DEVICES."""
+    from pytest_gputrain.collect import nvml
 
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        index: int | None = cuda_index
-        if visible is not None:
-            entries = [item.strip() for item in visible.split(",") if item.strip()]
-            index = int(entries[cuda_index]) if cuda_index < len(entries) and \
-                entries[cuda_index].isdigit() else None
-        if index is None:
-            return None
-        session = nvml.shared()
-        handle = session.call("nvmlDeviceGetHandleByIndex", index)
-        if not handle.ok:
-            return None
-        reading = session.call("nvmlDeviceGetCudaComputeCapability", handle.value)
-        return f"{reading.value[0]}.{reading.value[1]}" if reading.ok else None
-    except Exception:
+    index = nvml.index_for_cuda_device(cuda_index)
+    if index is None:
         return None
+    reading = nvml.read_compute_capability(index)
+    return f"{reading.value[0]}.{reading.value[1]}" if reading.ok else None
 
 
 def snapshot(torch: Any, kind: FailureKind, index: int | None) -> dict[str, Any]:
@@ -411,26 +399,10 @@ def snapshot(torch: Any, kind: FailureKind, index: int | None) -> dict[str, Any]
 
 def other_process_memory(cuda_index: int) -> int | None:
     """Memory other processes hold on cuda:index, via NVML (None when NVML cannot say)."""
-    try:
-        from pytest_gputrain.collect import nvml
+    from pytest_gputrain.collect import nvml
 
-        index = nvml.index_for_cuda_device(cuda_index)
-        if index is None:
-            return None
-        session = nvml.shared()
-        handle = session.call("nvmlDeviceGetHandleByIndex", index)
-        if not handle.ok:
-            return None
-        reading = session.first(("nvmlDeviceGetComputeRunningProcesses_v3",
-                                 "nvmlDeviceGetComputeRunningProcesses"), handle.value)
-        if not reading.ok:
-            return None
-        own = nvml.own_process_ids()
-        total = 0
-        for info in reading.value:
-            used = getattr(info, "usedGpuMemory", None)
-            if int(info.pid) not in own and isinstance(used, int) and used >= 0:
-                total += used
-        return total
-    except Exception:
+    index = nvml.index_for_cuda_device(cuda_index)
+    if index is None:
         return None
+    holders = nvml.read_memory_holders(index, nvml.own_process_ids())
+    return int(holders.value.other_memory) if holders.ok else None

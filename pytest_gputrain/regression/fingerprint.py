@@ -171,19 +171,11 @@ def _read_torch(fingerprint: Fingerprint, device: str) -> None:
 
 
 def _read_nvml(fingerprint: Fingerprint) -> None:
-    try:
-        from pytest_gputrain.collect.nvml import shared
-    except Exception:
-        return
-    nvml = shared()
-    driver = nvml.call("nvmlSystemGetDriverVersion")
-    if driver.ok:
-        value = driver.value
-        fingerprint["driver_version"] = value.decode() if isinstance(value, bytes) else str(value)
-    cuda = nvml.first(("nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"))
-    if cuda.ok:
-        number = int(cuda.value)
-        fingerprint["cuda_driver_version"] = f"{number // 1000}.{(number % 1000) // 10}"
+    from pytest_gputrain.collect.nvml import read_system
+
+    system = read_system()  # None where NVML cannot say
+    fingerprint["driver_version"] = system.driver_version
+    fingerprint["cuda_driver_version"] = system.cuda_driver_version
 
 
 def git_commit(directory: Path) -> str | None:
