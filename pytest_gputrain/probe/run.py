@@ -449,7 +449,7 @@ class RunProbe:
         if self.use_sampler:
             self._start_nvml(index)
 
-    # -- NVML timeline and profiler window -----------------------------------------------------
+    # -- NVML timeline and profiler window ------------------------------------------------------
 
     def _start_nvml(self, cuda_index: int) -> None:
         """Sample NVML at step boundaries, at most every NVML_INTERVAL seconds.
