@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pytest_gputrain.probe.hooks import global_hook_counts
 from pytest_gputrain.probe.run import RunProbe
+from pytest_gputrain.probe.run_record import StepFlag
 
 
 class BasicBlock(nn.Module):
@@ -166,11 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                     times = train_steps(model, optimizer, loader, device, args.steps)
                 finally:
                     probe.stop()
-                flags = probe.step_flags
-                # Leave out the warm-up, the window and the step after it (flags 1, 2); steps
-                # that began an epoch (flag 3) stay, as they do in the plain rounds.
-                kept = [t for i, t in enumerate(times) if i >= 2 and flags[i] in (0, 3)]
-                window_steps += sum(1 for flag in flags if flag in (1, 2))
+                flags = probe.record.steps.flags
+                # Leave out the warm-up, the window and the step after it; steps that began an
+                # epoch stay, as they do in the plain rounds.
+                kept = [t for i, t in enumerate(times)
+                        if i >= 2 and flags[i] in (StepFlag.STEADY, StepFlag.EPOCH_START)]
+                window_steps += sum(1 for flag in flags
+                                    if flag in (StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW))
                 results[mode] += kept
                 probe_errors += probe.errors
                 facts = probe.facts()

@@ -12,6 +12,14 @@ import torch
 
 from pytest_gputrain.probe import failures, hooks, loader, profiler_window, run, session
 from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse
+from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
+from pytest_gputrain.probe.run_record import (
+    LoaderWaits,
+    RunRecord,
+    StepFlag,
+    StepSeries,
+    SyncCounts,
+)
 
 GiB = 2**30
 MiB = 2**20
@@ -272,7 +280,7 @@ def test_patches_restore_exactly() -> None:
 
 
 def test_sync_wrapper_counts_only_cuda_tensors() -> None:
-    probe = types.SimpleNamespace(sync_acc=0, sync_by_call={})
+    counts = SyncCounts()
 
     class FakeTensor:
         def __init__(self, cuda: bool) -> None:
@@ -281,9 +289,9 @@ def test_sync_wrapper_counts_only_cuda_tensors() -> None:
     def item(self: Any) -> float:
         return 1.5
 
-    wrapped = hooks.wrap_sync_method("item", item, probe)
+    wrapped = hooks.wrap_sync_method("item", item, counts)
     assert wrapped(FakeTensor(True)) == 1.5 and wrapped(FakeTensor(False)) == 1.5
-    assert probe.sync_acc == 1 and probe.sync_by_call == {"item": 1}
+    assert counts.pending == 1 and counts.by_call == {"item": 1}
 
     class Weird:
         @property
@@ -349,18 +357,20 @@ def test_submodules_keep_the_fast_path() -> None:
 
 def _probe_with_steps(allocated: list[int], batch: int | None = None) -> run.RunProbe:
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
-    probe.cuda_index = 0
-    probe.step_times = [0.01] * len(allocated)
-    probe.step_waits = [0.0] * len(allocated)
-    probe.step_syncs = [1] * len(allocated)
-    probe.step_flags = [0] * len(allocated)
-    probe.step_alloc = list(allocated)
-    probe.end_stats = {"total": 100 * GiB, "fraction": 0.5, "other_processes": 0,
-                       "allocated_bytes.all.peak": 30 * GiB, "reserved_bytes.all.peak": 40 * GiB,
-                       "reserved_bytes.all.current": 40 * GiB, "num_alloc_retries": 2}
-    probe.start_stats = {0: {"reserved_bytes.all.current": 0, "num_alloc_retries": 1}}
-    probe.input_batch = batch
-    probe.duration = 1.0
+    record = probe.record
+    record.devices.cuda_index = 0
+    record.steps.times = [0.01] * len(allocated)
+    record.steps.waits = [0.0] * len(allocated)
+    record.steps.syncs = [1] * len(allocated)
+    record.steps.flags = [StepFlag.STEADY] * len(allocated)
+    record.steps.allocated = list(allocated)
+    record.allocator.end = {
+        "total": 100 * GiB, "fraction": 0.5, "other_processes": 0,
+        "allocated_bytes.all.peak": 30 * GiB, "reserved_bytes.all.peak": 40 * GiB,
+        "reserved_bytes.all.current": 40 * GiB, "num_alloc_retries": 2}
+    record.allocator.start = {0: {"reserved_bytes.all.current": 0, "num_alloc_retries": 1}}
+    record.forwards.input_batch = batch
+    record.duration = 1.0
     return probe
 
 
@@ -386,7 +396,7 @@ def test_flat_memory_and_the_batch_model() -> None:
 
 def test_cached_memory_from_an_earlier_test_is_not_this_tests_peak() -> None:
     probe = _probe_with_steps([10 * GiB] * 10)
-    probe.start_stats = {0: {"reserved_bytes.all.current": 45 * GiB}}
+    probe.record.allocator.start = {0: {"reserved_bytes.all.current": 45 * GiB}}
     memory = probe.facts().memory
     assert memory.peak_reserved == 40 * GiB
     assert memory.peak_reserved_percent == 60.0  # peak allocated 30 of 50 GiB
@@ -394,22 +404,66 @@ def test_cached_memory_from_an_earlier_test_is_not_this_tests_peak() -> None:
 
 def test_epoch_starts_are_not_steady_loader_wait() -> None:
     probe = _probe_with_steps([GiB] * 10)
-    probe.step_waits = [0.0] * 10
-    probe.step_waits[5] = 0.5  # workers restarting for epoch 2
-    probe.step_flags[5] = 3
-    probe.step_times[5] = 0.51
+    steps = probe.record.steps
+    steps.waits = [0.0] * 10
+    steps.waits[5] = 0.5  # workers restarting for epoch 2
+    steps.flags[5] = StepFlag.EPOCH_START
+    steps.times[5] = 0.51
     facts = probe.facts()
     assert facts.steady_steps == 7 and facts.loader.wait_percent == 0.0
 
 
 def test_steady_steps_leave_out_warm_up_and_the_window() -> None:
     probe = _probe_with_steps([GiB] * 10)
-    probe.step_times = [1.0, 0.5] + [0.01] * 8
-    probe.step_flags = [0, 0, 0, 1, 1, 1, 1, 2, 0, 0]
-    probe.step_times[3:7] = [0.2] * 4
+    steps = probe.record.steps
+    steps.times = [1.0, 0.5] + [0.01] * 8
+    steps.flags = [StepFlag.STEADY] * 3 + [StepFlag.IN_WINDOW] * 4 + [StepFlag.AFTER_WINDOW] \
+        + [StepFlag.STEADY] * 2
+    steps.times[3:7] = [0.2] * 4
     facts = probe.facts()
     assert facts.steady_steps == 3 and facts.step_time == pytest.approx(0.01)
 
+
+
+def test_the_step_hook_flags_a_later_epochs_first_step() -> None:
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(6, 3)),
+                                       batch_size=2)
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    try:
+        for _epoch in range(2):
+            for (x,) in data:
+                optimizer.zero_grad()
+                model(x).sum().backward()
+                optimizer.step()
+    finally:
+        probe.stop()
+    steps = probe.record.steps
+    assert steps.flags == [StepFlag.STEADY] * 3 + [StepFlag.EPOCH_START] + [StepFlag.STEADY] * 2
+    assert len(steps.times) == len(steps.waits) == len(steps.syncs) == 6
+    assert steps.waits[3] > 0.0 and probe.record.loader.pending == 0.0
+
+
+def test_facts_build_from_a_record_and_process_readings_alone() -> None:
+    steady, after = StepFlag.STEADY, StepFlag.AFTER_WINDOW
+    record = RunRecord(
+        nodeid="t::x", warmup=1, profile_steps=None,
+        steps=StepSeries(last_t=0.0, times=[0.5, 0.1, 0.1, 0.3], waits=[0.0] * 4,
+                         syncs=[0, 2, 4, 0], flags=[steady, steady, steady, after]),
+        loader=LoaderWaits(loader.LoaderTracker()))
+    record.devices.backend_flags = {"cudnn_benchmark": True}
+    process = ProcessReadings(cpus=16, processes_per_host=4,
+                              backend_flags={"cudnn_benchmark": False})
+    facts = build_run_facts(record, process)
+    assert facts.steady_steps == 2 and facts.step_time == pytest.approx(0.1)
+    assert facts.sync.per_step == 3.0 and facts.sync.max_per_step == 4
+    assert facts.loader.cpus_per_process == 4
+    assert facts.memory.unknown["budget"] == "the run did not train on CUDA"
+    assert facts.cudnn_benchmark is True  # read at the first step
+    record.devices.backend_flags = {}  # never stepped: the flags read at build time
+    assert build_run_facts(record, process).cudnn_benchmark is False
 
 # -- the DataLoader tracker -------------------------------------------------------------------
 
@@ -476,8 +530,8 @@ def test_nvml_timeline_facts() -> None:
     from pytest_gputrain.facts import DeviceSample
 
     probe = _probe_with_steps([GiB] * 10)
-    probe.nvml_index = 3
-    probe.nvml_samples = [
+    probe.record.nvml.index = 3
+    probe.record.nvml.samples = [
         DeviceSample(t=0.0, utilization_gpu=90.0, memory_used=10 * GiB, power_draw=600.0,
                      temperature=70.0, sm_clock=1980.0, clock_event_reasons=0x4,
                      process_memory=8 * GiB),

@@ -81,12 +81,13 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
     return lambda: False
 
 
-def wrap_sync_method(name: str, original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
+    """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             if self.is_cuda:
-                probe.sync_acc += 1
-                probe.sync_by_call[name] = probe.sync_by_call.get(name, 0) + 1
+                counts.pending += 1
+                counts.by_call[name] = counts.by_call.get(name, 0) + 1
         except Exception:  # exotic tensor subclasses: count nothing, change nothing
             pass
         return original(self, *args, **kwargs)
@@ -191,7 +192,8 @@ class Installation:
         for name in SYNC_METHODS:
             original = getattr(torch.Tensor, name, None)
             if original is not None:
-                self.patches.set(torch.Tensor, name, wrap_sync_method(name, original, self.probe))
+                self.patches.set(torch.Tensor, name,
+                                 wrap_sync_method(name, original, self.probe.record.syncs))
         from torch.utils.data import dataloader
 
         base = dataloader._BaseDataLoaderIter

@@ -1,0 +1,76 @@
+"""What the run probe reads of torch's CUDA state: allocator counters, the device's memory
+budget and the backend flags. Plain reads with no probe state; callers guard them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MEMORY_STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                     "reserved_bytes.all.current", "reserved_bytes.all.peak",
+                     "num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current")
+
+
+def memory_stats(torch: Any, index: int) -> dict[str, Any]:
+    """The caching allocator's counters that the memory facts use (0 where torch has none)."""
+    stats = torch.cuda.memory_stats(index)
+    return {key: int(stats.get(key, 0)) for key in MEMORY_STATS_KEYS}
+
+
+def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
+    """A per-step read of the bytes allocated on cuda:index: the allocator's host-side counter
+    (no synchronisation), through the raw binding where it answers."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        def read_raw() -> int:
+            return int(raw(index)["allocated_bytes"]["all"]["current"])
+        try:
+            read_raw()
+        except Exception:
+            pass
+        else:
+            return read_raw
+
+    def read() -> int:
+        return int(torch.cuda.memory_allocated(index))
+    return read
+
+
+def device_budget(torch: Any, index: int) -> dict[str, Any]:
+    """The device's total memory, the process's memory fraction and what other processes hold
+    (the last two only where readable)."""
+    from pytest_gputrain.probe.failures import memory_fraction, other_process_memory
+
+    budget: dict[str, Any] = {"total": int(torch.cuda.get_device_properties(index).total_memory)}
+    try:
+        fraction = memory_fraction(torch, index)
+    except Exception:
+        fraction = None
+    if fraction is not None:
+        budget["fraction"] = fraction
+    others = other_process_memory(index)
+    if others is not None:
+        budget["other_processes"] = others
+    return budget
+
+
+def read_backend_flags(torch: Any) -> dict[str, Any]:
+    """The cuDNN/TF32/determinism settings, named as RunFacts fields (empty when unreadable)."""
+    flags: dict[str, Any] = {}
+    try:
+        backends = torch.backends
+        flags["cudnn_benchmark"] = bool(backends.cudnn.benchmark)
+        flags["cudnn_deterministic"] = bool(backends.cudnn.deterministic)
+        flags["deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())
+        precision = str(torch.get_float32_matmul_precision())
+        flags["float32_matmul_precision"] = precision
+        matmul = backends.cuda.matmul
+        new_api = getattr(matmul, "fp32_precision", None)
+        flags["tf32_matmul"] = bool(matmul.allow_tf32) or precision != "highest" or \
+            new_api == "tf32"
+        conv_api = getattr(getattr(backends.cudnn, "conv", None), "fp32_precision", None)
+        flags["tf32_cudnn"] = bool(backends.cudnn.allow_tf32) if conv_api in (None, "none") \
+            else conv_api == "tf32"
+    except Exception:
+        pass
+    return flags
