@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from pytest_gputrain.units import shown
+
 WORKERINPUT_KEY = "gputrain_cuda_visible_devices"
 VARIABLE = "CUDA_VISIBLE_DEVICES"
 
@@ -100,9 +102,10 @@ def parse_per_worker(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
+    # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
+    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
         raise pytest.UsageError(
-            f"gpu_per_worker / --gpu-per-worker: {value!r} is not a whole number >= 1 "
+            f"gpu_per_worker / --gpu-per-worker: {shown(value)} is not a whole number >= 1 "
             "(e.g. --gpu-per-worker=1; add --gpu-share to let workers share GPUs)")
     return int(text)
 
