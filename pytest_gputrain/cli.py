@@ -39,14 +39,12 @@ def _engine(args: argparse.Namespace) -> RuleEngine:
 
 
 def load_facts(path: Path) -> FactsFile:
+    from pytest_gputrain.jsonfile import JsonFileError, read_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CliError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"{path}: cannot be read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path}: not valid JSON: {exc}") from None
+        data = read_json(path)
+    except JsonFileError as exc:
+        raise CliError(str(exc)) from None
     if not isinstance(data, dict) or data.get("kind") != "pytest-gputrain-facts":
         raise CliError(f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out)")
     if data.get("schema_version") != 1:

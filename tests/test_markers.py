@@ -467,8 +467,8 @@ def test_history_is_recorded_only_for_explicit_max_vram(pytester: pytest.Pyteste
     ("--gpu-vram-history=" + "9" * 5000, "gpu_vram_history / --gpu-vram-history: '9999*'... (5000 "
      "characters) is not a whole number of entries from 0 to 999999999*"),
     ("--gpu-vram-history=²", "gpu_vram_history / --gpu-vram-history: '²' is not a whole*"),
-    ("--gpu-per-worker=" + "9" * 5000, "gpu_per_worker / --gpu-per-worker: '9999*'... (5000 characters) "
-     "is not a whole number >= 1*"),
+    ("--gpu-per-worker=" + "9" * 5000, "gpu_per_worker / --gpu-per-worker: '9999*'... (5000 "
+     "characters) is not a whole number >= 1*"),
 ])
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str,
                                       message: str) -> None:
