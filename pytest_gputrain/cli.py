@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -190,11 +191,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _stdout_closed() -> int:
+    """The reader of our output went away (``… | head``): stop quietly, as Python's docs on
+    SIGPIPE advise. stdout is pointed at /dev/null so that the flush at interpreter exit
+    does not raise the same error again."""
     try:
-        return int(args.func(args))
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (captured, or already closed)
+        pass
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        code = int(args.func(args))
+        sys.stdout.flush()  # output still buffered fails here, while it can be handled
+        return code
     except CliError as exc:
         print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()

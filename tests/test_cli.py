@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +151,41 @@ def test_facts_and_schema_commands(capsys: pytest.CaptureFixture[str]) -> None:
     schema = json.loads(capsys.readouterr().out)
     assert schema["properties"]["schema_version"]["default"] == 1
     assert "findings" in schema["required"]
+
+
+@pytest.mark.parametrize("command", [
+    ["rules"],
+    ["replay", str(FACTS / "h200x2_hidden_recorded.json")],
+    ["replay", str(FACTS / "run_healthy_h200.json"), "--format", "md"],
+    ["replay", str(FACTS / "run_healthy_h200.json"), "--format", "json"],
+    ["explain", "GT007"],
+    ["facts", "--scope", "run"],
+    ["schema"],
+    ["--help"],
+    ["history", "--help"],
+], ids=lambda command: " ".join(Path(part).name for part in command))
+def test_a_reader_that_went_away_ends_the_command_quietly(command: list[str]) -> None:
+    """`python -m pytest_gputrain rules | head`: no BrokenPipeError traceback, whichever
+    command. The pipe's reading end is closed before the command starts, so every write fails
+    (as it does for `| true`, or for `| head` once head has its lines)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest_gputrain", *command],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                check=False)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode in (0, 1)  # 1 as Python's docs do; argparse's --help exits 0
+
+
+def test_head_takes_its_lines_and_the_rest_stops_quietly() -> None:
+    """A real shell pipeline: `head` has its line from the first command and is gone by the
+    time the second one writes."""
+    command = (f"{shlex.quote(sys.executable)} -m pytest_gputrain explain GT007; "
+               + f"{shlex.quote(sys.executable)} -m pytest_gputrain schema")
+    result = subprocess.run(["bash", "-c", f"({command}) | head -n 1"],
+                            capture_output=True, text=True, check=False)
+    assert result.stdout.startswith("GT007")
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
