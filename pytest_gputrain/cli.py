@@ -5,6 +5,7 @@
     python -m pytest_gputrain explain GT007
     python -m pytest_gputrain facts [--scope session]
     python -m pytest_gputrain schema
+    python -m pytest_gputrain --version          (also: pytest-gputrain --version)
 """
 
 from __future__ import annotations
@@ -149,8 +150,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pytest_gputrain import __version__
+
     parser = argparse.ArgumentParser(prog="python -m pytest_gputrain",
                                      description="pytest-gputrain rule engine tools")
+    parser.add_argument("--version", action="version", version=f"pytest-gputrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def rule_options(p: argparse.ArgumentParser) -> None:
