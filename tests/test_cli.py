@@ -162,6 +162,7 @@ def test_facts_and_schema_commands(capsys: pytest.CaptureFixture[str]) -> None:
     ["facts", "--scope", "run"],
     ["schema"],
     ["--help"],
+    ["--version"],
     ["history", "--help"],
 ], ids=lambda command: " ".join(Path(part).name for part in command))
 def test_a_reader_that_went_away_ends_the_command_quietly(command: list[str]) -> None:
