@@ -5,12 +5,14 @@
     python -m pytest_gputrain explain GT007
     python -m pytest_gputrain facts [--scope session]
     python -m pytest_gputrain schema
+    python -m pytest_gputrain --version          (also: pytest-gputrain --version)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -39,14 +41,12 @@ def _engine(args: argparse.Namespace) -> RuleEngine:
 
 
 def load_facts(path: Path) -> FactsFile:
+    from pytest_gputrain.jsonfile import JsonFileError, read_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CliError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"{path}: cannot be read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path}: not valid JSON: {exc}") from None
+        data = read_json(path)
+    except JsonFileError as exc:
+        raise CliError(str(exc)) from None
     if not isinstance(data, dict) or data.get("kind") != "pytest-gputrain-facts":
         raise CliError(f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out)")
     if data.get("schema_version") != 1:
@@ -150,8 +150,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pytest_gputrain import __version__
+
     parser = argparse.ArgumentParser(prog="python -m pytest_gputrain",
                                      description="pytest-gputrain rule engine tools")
+    parser.add_argument("--version", action="version", version=f"pytest-gputrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def rule_options(p: argparse.ArgumentParser) -> None:
@@ -192,11 +195,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _stdout_closed() -> int:
+    """The reader of our output went away (``… | head``): stop quietly, as Python's docs on
+    SIGPIPE advise. stdout is pointed at /dev/null so that the flush at interpreter exit
+    does not raise the same error again."""
     try:
-        return int(args.func(args))
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (captured, or already closed)
+        pass
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        code = int(args.func(args))
+        sys.stdout.flush()  # output still buffered fails here, while it can be handled
+        return code
     except CliError as exc:
         print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _stdout_closed()

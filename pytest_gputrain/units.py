@@ -1,8 +1,10 @@
 """Parsing and formatting of sizes and percentages, as users write them in markers and ini files.
 
 Sizes accept ``"6GiB"``, ``"6 GB"``, ``"512MiB"``, ``6e9`` (bytes) and ints; percentages accept
-``70``, ``70.5`` and ``"70%"``. Errors are ``ValueError`` with a message that names the value and
-shows a valid example, so callers can turn them into usage errors as they are.
+``70``, ``70.5`` and ``"70%"``. Every bad value -- a typo, a boolean, NaN, infinity, a negative
+or absurdly large amount, an integer too large for a float -- raises ``ValueError`` (never
+``OverflowError``) with a message that names the value and shows a valid example, so callers can
+turn them into usage errors as they are.
 """
 
 from __future__ import annotations
@@ -28,51 +30,90 @@ BYTE_UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
 _SIZE_UNITS: dict[str, int] = {**BYTE_UNITS, "": 1, "k": 2**10, "m": 2**20, "g": 2**30,
                                "t": 2**40}
 
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# A decimal number written so that the regex cannot backtrack over its digits in many ways
+# (``[0-9]*\.?[0-9]+`` can, and takes seconds to reject a few thousand digits with a bad tail).
+NUMBER_PATTERN = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_SIZE_RE = re.compile(rf"^\s*({NUMBER_PATTERN})\s*([a-zA-Z]*)\s*$")
 
 SIZE_EXAMPLE = '"6GiB", "6 GB", "512MiB" or 6e9 (bytes)'
 PERCENT_EXAMPLE = '70 or "70%"'
 
+# No machine has an exbibyte of memory: a larger size is a typo or a unit mix-up, and refusing
+# it keeps every later computation (and message) on ordinary numbers.
+MAX_SIZE = 2**60
+MAX_SIZE_TEXT = "1 EiB (2**60 bytes)"
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to a readable length, for error messages.
+
+    Safe for any value: integers too long to print in full (Python refuses to print more than
+    4300 digits) are described by their number of digits.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'a negative' if value < 0 else 'an'} integer of about {digits} digits"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    try:
+        text = repr(value)
+    except Exception:  # an object whose repr fails still deserves an error message
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def _invalid_size(value: object, problem: str) -> ValueError:
+    return ValueError(f"invalid size {shown(value)}: {problem}; e.g. {SIZE_EXAMPLE}")
+
 
 def parse_size(value: object) -> int:
-    """Return ``value`` as a number of bytes."""
+    """Return ``value`` as a number of bytes, at most :data:`MAX_SIZE`."""
     if isinstance(value, bool):
-        raise ValueError(f"invalid size {value!r}: expected a size such as {SIZE_EXAMPLE}")
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
+        raise _invalid_size(value, "a boolean is not a size")
+    number: int | float
+    if isinstance(value, int):
+        number, unit = value, ""  # exact: a huge int must not pass through float
+    elif isinstance(value, float):
+        number, unit = value, ""
     elif isinstance(value, str):
         match = _SIZE_RE.match(value)
         if not match:
-            raise ValueError(f"invalid size {value!r}: expected a size such as {SIZE_EXAMPLE}")
+            raise _invalid_size(value, "expected a number and a unit")
         number, unit = float(match.group(1)), match.group(2).lower()
     else:
-        raise ValueError(
-            f"invalid size {value!r} ({type(value).__name__}): expected a size such as "
-            f"{SIZE_EXAMPLE}"
-        )
+        raise _invalid_size(value, f"a {type(value).__name__} is not a size")
     if unit not in _SIZE_UNITS:
-        raise ValueError(
-            f"invalid size {value!r}: unknown unit {unit!r} (use {BYTE_UNIT_NAMES}), "
-            f"e.g. {SIZE_EXAMPLE}"
-        )
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"invalid size {value!r}: must be a finite, non-negative amount")
-    return round(number * _SIZE_UNITS[unit])
+        raise _invalid_size(value, f"unknown unit {unit!r} (use {BYTE_UNIT_NAMES})")
+    if isinstance(number, float) and math.isnan(number):
+        raise _invalid_size(value, "not a number")
+    if number < 0:
+        raise _invalid_size(value, "must not be negative")
+    amount = number * _SIZE_UNITS[unit]
+    if amount > MAX_SIZE:  # also inf
+        raise _invalid_size(value, f"larger than {MAX_SIZE_TEXT}, more than any machine has")
+    return round(amount)
 
 
 def parse_percent(value: object) -> float:
     """Return ``value`` as a percentage in [0, 100]."""
-    text = value
     if isinstance(value, bool):
-        raise ValueError(f"invalid percentage {value!r}: expected {PERCENT_EXAMPLE}")
-    if isinstance(value, str):
-        text = value.strip().removesuffix("%").strip()
+        raise ValueError(f"invalid percentage {value!r}: a boolean is not a percentage; "
+                         f"e.g. {PERCENT_EXAMPLE}")
+    out_of_range = ValueError(f"invalid percentage {shown(value)}: must lie between 0 and 100; "
+                              f"e.g. {PERCENT_EXAMPLE}")
+    if isinstance(value, int) and not 0 <= value <= 100:
+        raise out_of_range  # before float(), which cannot hold 10**400
+    text = value.strip().removesuffix("%").strip() if isinstance(value, str) else value
     try:
         number = float(text)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"invalid percentage {value!r}: expected {PERCENT_EXAMPLE}") from None
-    if not math.isfinite(number) or not 0 <= number <= 100:
-        raise ValueError(f"invalid percentage {value!r}: must lie between 0 and 100")
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"invalid percentage {shown(value)}: expected a number; "
+                         f"e.g. {PERCENT_EXAMPLE}") from None
+    if math.isnan(number):
+        raise ValueError(f"invalid percentage {shown(value)}: not a number; "
+                         f"e.g. {PERCENT_EXAMPLE}")
+    if not 0 <= number <= 100:
+        raise out_of_range
     return number
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +72,57 @@ def test_bad_facts_files_are_clear_errors(
         assert path.read_text() == content  # never touched
 
 
+def _healthy_run_with(marker: str, inserted: str) -> str:
+    """The recorded healthy run's facts file with ``marker`` (a JSON value in it) replaced."""
+    text = json.dumps(json.loads((FACTS / "run_healthy_h200.json").read_text()))
+    assert marker in text
+    return text.replace(marker, inserted, 1)
+
+
+DEEP = "arrays or objects are nested too deeply to read (a facts file nests fewer than ten levels)"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[" * 100_000, DEEP),
+        (_healthy_run_with('"runs": [', '"runs": [' + "[" * 100_000 + "]" * 100_000 + ","),
+         DEEP),
+        (_healthy_run_with('"runs": [', '"runs": [' + "9" * 5000 + ","),
+         "the integer '" + "9" * 40 + "'... (5000 characters) is out of range (a fact is at "
+         "most 2**63)"),
+        (_healthy_run_with('"memory_used": ', '"memory_used": ' + "1" + "0" * 400 + ", \"x\": "),
+         "the integer '1000000000000000000000000000000000000000'... (401 characters) is out of "
+         "range (a fact is at most 2**63)"),
+        (_healthy_run_with('"memory_used": ', '"memory_used": NaN, "x": '),
+         "NaN is not a JSON number (write null for an unknown value)"),
+        (_healthy_run_with('"memory_used": ', '"memory_used": -Infinity, "x": '),
+         "-Infinity is not a JSON number (write null for an unknown value)"),
+    ],
+    ids=["deep", "deep-inside-facts", "5000-digits", "400-digits", "nan", "infinity"],
+)
+def test_hostile_facts_files_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    path = tmp_path / "facts.json"
+    path.write_text(content)
+    result = replay(path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"pytest_gputrain: error: {path}: {message}\n"
+
+
+@pytest.mark.parametrize("output", ["text", "md", "json"])
+def test_a_lone_surrogate_in_a_device_name_is_printed_escaped(tmp_path: Path,
+                                                              output: str) -> None:
+    path = tmp_path / "facts.json"
+    path.write_text(_healthy_run_with('"NVIDIA H200"', '"NVIDIA \\ud800 H200"'))
+    result = replay(path, "--format", output)
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)["environment"]["devices"][0]["name"] if output == "json" \
+        else result.stdout
+    assert "NVIDIA \\ud800 H200" in shown
+
+
 def test_rules_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rules"]) == 0
     out = capsys.readouterr().out
@@ -98,3 +151,42 @@ def test_facts_and_schema_commands(capsys: pytest.CaptureFixture[str]) -> None:
     schema = json.loads(capsys.readouterr().out)
     assert schema["properties"]["schema_version"]["default"] == 1
     assert "findings" in schema["required"]
+
+
+@pytest.mark.parametrize("command", [
+    ["rules"],
+    ["replay", str(FACTS / "h200x2_hidden_recorded.json")],
+    ["replay", str(FACTS / "run_healthy_h200.json"), "--format", "md"],
+    ["replay", str(FACTS / "run_healthy_h200.json"), "--format", "json"],
+    ["explain", "GT007"],
+    ["facts", "--scope", "run"],
+    ["schema"],
+    ["--help"],
+    ["--version"],
+    ["history", "--help"],
+], ids=lambda command: " ".join(Path(part).name for part in command))
+def test_a_reader_that_went_away_ends_the_command_quietly(command: list[str]) -> None:
+    """`python -m pytest_gputrain rules | head`: no BrokenPipeError traceback, whichever
+    command. The pipe's reading end is closed before the command starts, so every write fails
+    (as it does for `| true`, or for `| head` once head has its lines)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest_gputrain", *command],
+                                stdout=write_end, stderr=subprocess.PIPE, text=True,
+                                check=False)
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode in (0, 1)  # 1 as Python's docs do; argparse's --help exits 0
+
+
+def test_head_takes_its_lines_and_the_rest_stops_quietly() -> None:
+    """A real shell pipeline: `head` has its line from the first command and is gone by the
+    time the second one writes."""
+    command = (f"{shlex.quote(sys.executable)} -m pytest_gputrain explain GT007; "
+               + f"{shlex.quote(sys.executable)} -m pytest_gputrain schema")
+    result = subprocess.run(["bash", "-c", f"({command}) | head -n 1"],
+                            capture_output=True, text=True, check=False)
+    assert result.stdout.startswith("GT007")
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr

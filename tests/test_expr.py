@@ -23,6 +23,7 @@ from pytest_gputrain.engine.expr import (
     FUNCTIONS,
     MAX_DEPTH,
     MAX_LENGTH,
+    MAX_STRING,
     UNKNOWN,
     ConditionError,
     EvaluationError,
@@ -884,6 +885,30 @@ def test_integer_results_are_bounded() -> None:
     for text, n in (("n * n", 10**300), ("n + n", 10**425), ("sum([n, n])", 10**425)):
         with pytest.raises(EvaluationError, match="more than 400 digits"):
             parse(text).evaluate({"n": n}.__getitem__)
+
+
+def test_string_results_are_bounded() -> None:
+    assert len(parse("s + s").evaluate({"s": "x" * (MAX_STRING // 2)}.__getitem__)) == MAX_STRING
+    with pytest.raises(EvaluationError, match=r"string result would be longer than 100000 "
+                                              r"characters \(100000 \+ 1\) \(column 3\)"):
+        parse("s + 'y'").evaluate({"s": "x" * MAX_STRING}.__getitem__)
+
+
+@pytest.mark.parametrize("fact_size", [10_000, 100_000])
+def test_many_concatenations_of_a_large_fact_stop_at_the_bound(fact_size: int) -> None:
+    """1,300 concatenations of a 10 KB fact used to build 13 MB by copying ~8 GB (9 s); of a
+    100 KB fact they did not finish. The bound stops them at the first result over it."""
+    steps = 0
+
+    def lookup(name: str) -> str:
+        nonlocal steps
+        steps += 1
+        return "x" * fact_size
+
+    condition = parse("s" + "+s" * 1300)
+    with pytest.raises(EvaluationError, match="string result would be longer than 100000"):
+        condition.evaluate(lookup)
+    assert steps == MAX_STRING // fact_size + 1  # the operands it needed to cross the bound
 
 
 # --------------------------------------------------------------------------------------------

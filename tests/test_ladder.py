@@ -100,6 +100,46 @@ def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) ->
     ])
 
 
+def test_a_step_returning_the_loss_itself_runs_under_warnings_as_errors(
+        pytester: pytest.Pytester) -> None:
+    """The loss a step returns usually still requires grad, and the accuracy may be a tensor:
+    the ladder must read them without torch's "Converting a tensor with requires_grad=True to
+    a scalar" warning, which `-W error` makes a failure of the project's test."""
+    pytester.makepyfile(
+        """
+        import torch
+        from pytest_gputrain.ladder import LadderSpec
+
+        def batches(size):
+            while True:
+                yield torch.randn(size, 4), torch.zeros(size, dtype=torch.long)
+
+        def step(model, batch, optimizer, device, precision):
+            loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            assert loss.requires_grad
+            return loss
+
+        def accuracy(model, device, precision):
+            x, y = next(batches(16))
+            return (model(x).argmax(1) == y).float().mean()  # a tensor, not a float
+
+        def test_rungs(gpu_ladder):
+            spec = LadderSpec("toy", lambda: torch.nn.Linear(4, 2),
+                              lambda m: torch.optim.SGD(m.parameters(), lr=0.1), batches, step,
+                              accuracy)
+            ladder = gpu_ladder(spec)
+            one = ladder.one_batch("cpu", batch_size=8)
+            run = ladder.short_run("cpu", batch_size=8, steps=5, warmup=1)
+            for value in (one.loss_first, one.loss_last, run.loss_first, run.loss_last,
+                          run.val_accuracy):
+                assert type(value) is float
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=1)
+
+
 def test_ladder_table_goes_into_the_reports(pytester: pytest.Pytester, use_facts: object) -> None:
     use_facts("cpu_laptop")  # type: ignore[operator]
     pytester.makepyfile(

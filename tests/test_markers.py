@@ -461,6 +461,14 @@ def test_history_is_recorded_only_for_explicit_max_vram(pytester: pytest.Pyteste
     ("--gpu-max-vram=6 GiBs", "gpu_max_vram / --gpu-max-vram: invalid size '6 GiBs'*"),
     ("--gpu-max-vram=6GiB:peak", "gpu_max_vram / --gpu-max-vram: gpu_max_vram: measure: *"),
     ("--gpu-vram-history=lots", "gpu_vram_history / --gpu-vram-history: 'lots' is not*"),
+    ("--gpu-max-vram=1e400", "gpu_max_vram / --gpu-max-vram: invalid size '1e400': larger than "
+     "1 EiB*"),
+    ("--gpu-max-vram=nan", "gpu_max_vram / --gpu-max-vram: invalid size 'nan'*"),
+    ("--gpu-vram-history=" + "9" * 5000, "gpu_vram_history / --gpu-vram-history: '9999*'... (5000 "
+     "characters) is not a whole number of entries from 0 to 999999999*"),
+    ("--gpu-vram-history=²", "gpu_vram_history / --gpu-vram-history: '²' is not a whole*"),
+    ("--gpu-per-worker=" + "9" * 5000, "gpu_per_worker / --gpu-per-worker: '9999*'... (5000 "
+     "characters) is not a whole number >= 1*"),
 ])
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str,
                                       message: str) -> None:
@@ -636,12 +644,41 @@ def test_junit_xml_gets_peak_vram_and_mean_utilization(pytester: pytest.Pytester
      "requires_cuda: min_capability: invalid compute capability 'eight'*e.g. "
      "min_capability=(8, 0)"),
     ('requires_cuda(min_devices=0)', "requires_cuda: min_devices: invalid value 0: expected a "
-     "whole number >= 1; e.g. min_devices=2"),
+     "whole number from 1 to 4096; e.g. min_devices=2"),
     ('requires_cuda(min_free_vram="lots")', "requires_cuda: min_free_vram: invalid size 'lots'*"),
     ('requires_cuda(bf16="yes")', "requires_cuda: bf16: invalid value 'yes': expected True or "
      "False; e.g. bf16=True"),
     ('requires_cuda(min_torch="two")', "requires_cuda: min_torch: invalid version 'two'*"),
     ('requires_cuda(min_driver=5.35)', "requires_cuda: min_driver: invalid version 5.35*"),
+    # Numbers no float can hold, and amounts no machine has, are usage errors too (they used to
+    # end the session with an INTERNALERROR OverflowError).
+    ("max_vram(10**400)", "max_vram: invalid size an integer of about 401 digits: larger than "
+     "1 EiB (2**60 bytes), more than any machine has; e.g. \"6GiB\"*"),
+    ('max_vram("2000000 TiB")', "max_vram: invalid size '2000000 TiB': larger than 1 EiB*"),
+    ('max_vram(float("inf"))', "max_vram: invalid size inf: larger than 1 EiB*e.g. \"6GiB\"*"),
+    ('max_vram(float("nan"))', "max_vram: invalid size nan: not a number; e.g. \"6GiB\"*"),
+    ("max_vram(-1)", "max_vram: invalid size -1: must not be negative; e.g. \"6GiB\"*"),
+    ("max_vram(True)", "max_vram: invalid size True: a boolean is not a size; e.g. \"6GiB\"*"),
+    ("min_utilization(10**400)", "min_utilization: percent: invalid percentage an integer of "
+     "about 401 digits: must lie between 0 and 100; e.g. 70 or \"70%\"*"),
+    ('min_utilization(float("nan"))',
+     "min_utilization: percent: invalid percentage nan: not a number; e.g. 70*"),
+    ("min_utilization(50, warmup=10**400)", "min_utilization: warmup: invalid duration an "
+     "integer of about 401 digits: too long; e.g. 2, 0.5, \"2s\" or \"500ms\"*"),
+    ('min_utilization(50, warmup=float("inf"))',
+     "min_utilization: warmup: invalid duration inf: must be a finite, non-negative time; e.g.*"),
+    ("min_utilization(50, interval=10**400)",
+     "min_utilization: interval: invalid duration an integer of about 401 digits: too long*"),
+    ("requires_cuda(min_free_vram=10**400)", "requires_cuda: min_free_vram: invalid size an "
+     "integer of about 401 digits: larger than 1 EiB*e.g. \"6GiB\"*"),
+    ("requires_cuda(min_total_vram=-10**400)", "requires_cuda: min_total_vram: invalid size a "
+     "negative integer of about 401 digits: must not be negative*"),
+    ("requires_cuda(min_devices=10**5000)", "requires_cuda: min_devices: invalid value an "
+     "integer of about 5001 digits: expected a whole number from 1 to 4096; e.g. min_devices=2"),
+    ("requires_cuda(min_capability=10**5000)", "requires_cuda: min_capability: invalid compute "
+     "capability an integer of about 5001 digits*e.g. min_capability=(8, 0)"),
+    ("requires_cuda(min_torch=10**5000)",
+     "requires_cuda: min_torch: invalid version an integer of about 5001 digits*"),
 ])
 def test_bad_marker_arguments_are_collection_errors_naming_test_marker_and_value(
         pytester: pytest.Pytester, marker: str, message: str) -> None:

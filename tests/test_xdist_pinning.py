@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from gputrain_fake import fake_project
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_gputrain.assertions.xdist import (
+    NOTES_KEY,
+    WORKERINPUT_KEY,
     PinningError,
     assign_devices,
     parse_per_worker,
     parse_visible,
+    pin_worker,
     worker_number,
 )
 
@@ -173,7 +178,8 @@ def test_more_workers_than_gpus_is_a_usage_error(pytester: pytest.Pytester) -> N
 
 
 def test_no_gpu_means_no_pinning_and_a_note(pytester: pytest.Pytester,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capfd: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_project(pytester, "cpu_inventory()")
     pytester.makepyfile("""
@@ -186,6 +192,53 @@ def test_no_gpu_means_no_pinning_and_a_note(pytester: pytest.Pytester,
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["gputrain: --gpu-per-worker: no GPU to pin workers to (the "
                                  "NVIDIA driver is not installed*); workers are not pinned"])
+    # Said once, by the controller: the workers follow its decision instead of each warning
+    # (on their own stderr, as raw UserWarnings with this package's file paths).
+    worker_stderr = capfd.readouterr().err
+    assert "not pinned" not in worker_stderr and "UserWarning" not in worker_stderr
+    assert "not pinned" not in result.stdout.str().replace("workers are not pinned", "")
+
+
+def test_a_worker_that_touched_cuda_before_pinning_says_so_in_one_line(
+        pytester: pytest.Pytester, capfd: pytest.CaptureFixture[str]) -> None:
+    fake_project(pytester, "gpu_inventory(count=2)")
+    # A conftest that initialises CUDA at import, after changing the variable: the worker's
+    # pinning comes too late for it.
+    conftest = pytester.path / "conftest.py"
+    conftest.write_text(conftest.read_text() + """
+import os
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+    torch.cuda.is_initialized = lambda: True
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1,0"
+""")
+    pytester.makepyfile(PIN_TEST.format(expected={"gw0": "0", "gw1": "1"}))
+    result = pytester.runpytest("-n", "2", "--gpu-per-worker=1")
+    result.assert_outcomes(passed=6)
+    late = ("gputrain: {} CUDA was initialised before the worker could be pinned to "
+            "CUDA_VISIBLE_DEVICES={} (a conftest or plugin touched CUDA at import); it may use "
+            "the wrong GPU")
+    lines = result.stdout.lines
+    assert late.format("gw0:", "0") in lines and late.format("gw1:", "1") in lines
+    assert "warnings summary" not in result.stdout.str()
+    worker_stderr = capfd.readouterr().err
+    assert "UserWarning" not in worker_stderr and "xdist.py" not in worker_stderr
+
+
+def test_a_worker_the_controller_did_not_pin_pins_itself_or_tells_why() -> None:
+    """Without the controller's decision (no key in workerinput) a worker works out its own
+    GPUs; when it cannot, the reason goes back in workeroutput for the controller to print."""
+    config = types.SimpleNamespace(workerinput={"workerid": "gw1", "workercount": 2},
+                                   workeroutput={})
+    no_gpu = pin_worker(config, 1, False, lambda: (None, "no NVML"))  # type: ignore[arg-type]
+    assert no_gpu is None
+    assert config.workeroutput[NOTES_KEY] == [
+        "not pinned to a GPU: cannot count the GPUs (NVML not available) and "
+        "CUDA_VISIBLE_DEVICES is not set"]
+    config.workerinput[WORKERINPUT_KEY] = None  # the controller decided: not pinned
+    config.workeroutput.clear()
+    assert pin_worker(config, 1, False, lambda: (None, "no NVML")) is None  # type: ignore[arg-type]
+    assert config.workeroutput == {}
 
 
 def test_bad_per_worker_value_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -14,7 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gputrain.units import format_bytes, parse_percent, parse_size
+from pytest_gputrain.units import (
+    NUMBER_PATTERN,
+    format_bytes,
+    parse_percent,
+    parse_size,
+    shown,
+)
 
 REQUIRES_CUDA = "requires_cuda"
 MAX_VRAM = "max_vram"
@@ -113,7 +119,7 @@ def _bind(marker: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
         allowed = (f"at most {len(positional)} positional argument"
                    f"{'s' if len(positional) != 1 else ''} ({', '.join(positional)})"
                    if positional else "keyword arguments only")
-        raise MarkerError(f"{marker}: too many positional arguments {args!r}: {allowed}; "
+        raise MarkerError(f"{marker}: too many positional arguments {shown(args)}: {allowed}; "
                           f"e.g. {example}")
     bound = dict(zip(positional, args, strict=False))
     for name, value in kwargs.items():
@@ -144,10 +150,14 @@ def _size(marker: str, name: str, value: Any, example: str) -> int:
         raise MarkerError(f"{marker}:{where} {text}{hint}") from None
 
 
-def _positive_int(marker: str, name: str, value: Any, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MarkerError(f"{marker}: {name}: invalid value {value!r}: expected a whole number "
-                          f">= 1; e.g. {example}")
+MAX_DEVICES = 4096  # more GPUs than any one job sees: a larger count is a typo
+
+
+def _device_count(marker: str, name: str, value: Any, example: str) -> int:
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 1 <= value <= MAX_DEVICES):
+        raise MarkerError(f"{marker}: {name}: invalid value {shown(value)}: expected a whole "
+                          f"number from 1 to {MAX_DEVICES}; e.g. {example}")
     return value
 
 
@@ -157,7 +167,7 @@ _CAPABILITY_COMPACT_RE = re.compile(r"^\s*sm_?(\d)(\d)\s*$", re.IGNORECASE)
 
 def parse_capability(value: Any) -> tuple[int, int]:
     """``(8, 0)``, ``[8, 0]``, ``"8.0"``, ``"8"``, ``8``, ``8.6``, ``"sm_80"`` -> ``(8, 0)``."""
-    error = (f"invalid compute capability {value!r}: expected (major, minor) such as (8, 0) "
+    error = (f"invalid compute capability {shown(value)}: expected (major, minor) such as (8, 0) "
              "or \"8.0\"")
     if isinstance(value, tuple | list):
         if (len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
@@ -168,9 +178,11 @@ def parse_capability(value: Any) -> tuple[int, int]:
     if isinstance(value, bool):
         raise ValueError(error)
     if isinstance(value, int):
+        if not 1 <= value <= 99:
+            raise ValueError(error)
         value = str(value)
     elif isinstance(value, float):
-        if not math.isfinite(value):
+        if not (math.isfinite(value) and 1 <= value < 100):
             raise ValueError(error)
         value = f"{value:.1f}"
     if not isinstance(value, str):
@@ -203,24 +215,30 @@ def version_at_least(have: str, need: str) -> bool | None:
 
 
 def _version(marker: str, name: str, value: Any, example: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise MarkerError(f"{marker}: {name}: invalid version {value!r}: expected a string such "
-                          f"as {example}")
+    # A version number has a few short parts; a huge int (10**5000 cannot even be printed) or
+    # a thousand-digit part is a mistake.
+    if (isinstance(value, bool) or not isinstance(value, str | int)
+            or (isinstance(value, int) and not 0 <= value < 10**9) or len(str(value)) > 64):
+        raise MarkerError(f"{marker}: {name}: invalid version {shown(value)}: expected a string "
+                          f"such as {example}")
     text = str(value).strip()
-    if not re.fullmatch(r"\d+(\.\d+)*", text):
-        raise MarkerError(f"{marker}: {name}: invalid version {value!r}: expected numbers "
+    if not re.fullmatch(r"\d{1,9}(\.\d{1,9})*", text):
+        raise MarkerError(f"{marker}: {name}: invalid version {shown(value)}: expected numbers "
                           f"separated by dots, e.g. {example}")
     return text
 
 
-_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(ms|s|sec|min)?\s*$")
+_DURATION_RE = re.compile(rf"^\s*({NUMBER_PATTERN})\s*(ms|s|sec|min)?\s*$")
 
 
 def parse_duration(value: Any) -> float:
     """Seconds: ``2``, ``0.5``, ``"2s"``, ``"500ms"``, ``"1min"``."""
-    error = f"invalid duration {value!r}: expected seconds such as 2, 0.5, \"2s\" or \"500ms\""
+    example = 'e.g. 2, 0.5, "2s" or "500ms"'
+    error = f"invalid duration {shown(value)}: expected seconds, {example}"
     if isinstance(value, bool):
         raise ValueError(error)
+    if isinstance(value, int) and abs(value) > 10**300:  # float() cannot hold it
+        raise ValueError(f"invalid duration {shown(value)}: too long; {example}")
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -232,7 +250,8 @@ def parse_duration(value: Any) -> float:
     else:
         raise ValueError(error)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"invalid duration {value!r}: must be a finite, non-negative time")
+        raise ValueError(f"invalid duration {shown(value)}: must be a finite, non-negative time; "
+                         f"{example}")
     return seconds
 
 
@@ -251,7 +270,7 @@ def parse_requires_cuda(*args: Any, **kwargs: Any) -> RequiresCuda:
     bound = _bind(marker, args, kwargs, (), fields, (), REQUIRES_EXAMPLE)
     result: dict[str, Any] = {}
     if "min_devices" in bound:
-        result["min_devices"] = _positive_int(marker, "min_devices", bound["min_devices"],
+        result["min_devices"] = _device_count(marker, "min_devices", bound["min_devices"],
                                               "min_devices=2")
     if bound.get("min_capability") is not None:
         try:
@@ -264,8 +283,8 @@ def parse_requires_cuda(*args: Any, **kwargs: Any) -> RequiresCuda:
             result[name] = _size(marker, name, bound[name], f'{name}="24GiB"')
     if "bf16" in bound:
         if not isinstance(bound["bf16"], bool):
-            raise MarkerError(f"{marker}: bf16: invalid value {bound['bf16']!r}: expected True "
-                              "or False; e.g. bf16=True")
+            raise MarkerError(f"{marker}: bf16: invalid value {shown(bound['bf16'])}: expected "
+                              "True or False; e.g. bf16=True")
         result["bf16"] = bound["bf16"]
     if bound.get("min_torch") is not None:
         result["min_torch"] = _version(marker, "min_torch", bound["min_torch"],
@@ -278,7 +297,7 @@ def parse_requires_cuda(*args: Any, **kwargs: Any) -> RequiresCuda:
 
 def _measure(marker: str, value: Any, example: str) -> str:
     if not isinstance(value, str) or value.strip().lower() not in MEASURES:
-        raise MarkerError(f"{marker}: measure: invalid value {value!r}: expected one of "
+        raise MarkerError(f"{marker}: measure: invalid value {shown(value)}: expected one of "
                           f"{', '.join(repr(m) for m in MEASURES)}; e.g. {example}")
     return value.strip().lower()
 
@@ -289,7 +308,7 @@ def parse_max_vram(*args: Any, **kwargs: Any) -> MaxVram:
                   MAX_VRAM_EXAMPLE)
     limit = _size(marker, "limit", bound["limit"], MAX_VRAM_EXAMPLE)
     if limit <= 0:
-        raise MarkerError(f"{marker}: limit: must be above zero, got {bound['limit']!r}; "
+        raise MarkerError(f"{marker}: limit: must be above zero, got {shown(bound['limit'])}; "
                           f"e.g. {MAX_VRAM_EXAMPLE}")
     measure = _measure(marker, bound.get("measure", "allocated"), MAX_VRAM_EXAMPLE)
     return MaxVram(limit=limit, measure=measure)
@@ -312,7 +331,7 @@ def parse_min_utilization(*args: Any, **kwargs: Any) -> MinUtilization:
     except ValueError as exc:
         raise MarkerError(f"{marker}: interval: {exc}; e.g. {MIN_UTIL_EXAMPLE}") from None
     if not 0.001 <= interval <= 10:
-        raise MarkerError(f"{marker}: interval: {bound.get('interval')!r} is outside 1 ms to "
+        raise MarkerError(f"{marker}: interval: {shown(bound.get('interval'))} is outside 1 ms to "
                           f"10 s; e.g. {MIN_UTIL_EXAMPLE}")
     return MinUtilization(percent=percent, warmup=warmup, interval=interval)
 
@@ -326,7 +345,7 @@ def parse_default_max_vram(text: str) -> MaxVram:
     except ValueError as exc:
         raise MarkerError(f"{exc}; e.g. {example}") from None
     if limit <= 0:
-        raise MarkerError(f"invalid size {text!r}: must be above zero; e.g. {example}")
+        raise MarkerError(f"invalid size {shown(text)}: must be above zero; e.g. {example}")
     return MaxVram(limit=limit, measure=_measure("gpu_max_vram", measure or "allocated", example),
                    origin="gpu_max_vram")
 

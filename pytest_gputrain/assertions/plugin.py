@@ -19,6 +19,7 @@ Order of events for a GPU test:
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import traceback
 from collections import Counter
@@ -31,6 +32,7 @@ from pytest_gputrain import options
 from pytest_gputrain.assertions import markers
 from pytest_gputrain.assertions.failure import GpuMemoryWarning, GpuTrainWarning
 from pytest_gputrain.assertions.fixtures import PLUGIN_NAME, gpu, gpu_monitor
+from pytest_gputrain.units import shown
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -109,10 +111,12 @@ def read_settings(config: pytest.Config) -> AssertionSettings:
         except markers.MarkerError as exc:
             raise pytest.UsageError(f"gpu_max_vram / --gpu-max-vram: {exc}") from None
     history_text = str(read(config, "gpu_vram_history") or "0").strip()
-    if not history_text.isdigit():
+    # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
+    if not re.fullmatch(r"[0-9]{1,9}", history_text):
         raise pytest.UsageError(
-            f"gpu_vram_history / --gpu-vram-history: {history_text!r} is not a whole number "
-            f"of entries >= 0 (e.g. --gpu-vram-history={DEFAULT_HISTORY}, 0 turns it off)")
+            f"gpu_vram_history / --gpu-vram-history: {shown(history_text)} is not a whole "
+            f"number of entries from 0 to 999999999 (e.g. --gpu-vram-history={DEFAULT_HISTORY}, "
+            "0 turns it off)")
     return AssertionSettings(
         required=bool(read(config, "gpu_required")),
         default_max_vram=default,

@@ -9,9 +9,15 @@ How the variable reaches a worker before CUDA initialises there: the controller 
 assignment in ``pytest_xdist_setupnodes`` (it knows the gateway specs, so the worker count) and
 puts it into each spec's environment (``env:CUDA_VISIBLE_DEVICES``, which execnet sets before
 the worker imports anything, conftests included); ``pytest_configure_node`` also sends it in
-``workerinput``, and the worker's ``pytest_configure`` (tryfirst) applies it again. A worker
-whose controller did not pin it (no key in ``workerinput``) works its own assignment out from
-``PYTEST_XDIST_WORKER`` / the worker count.
+``workerinput`` (or None when the controller decided not to pin, having said why), and the
+worker's ``pytest_configure`` (tryfirst) applies it again. A worker whose controller did not
+decide (no key in ``workerinput``) works its own assignment out from ``PYTEST_XDIST_WORKER`` /
+the worker count.
+
+What a worker has to say (it could not be pinned, CUDA was initialised too early) travels back
+in ``workeroutput`` and the controller prints it as one line per worker at the end of the
+session: a warning raised in the worker would reach the terminal as a raw ``UserWarning`` with
+this file's path and source line.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
+from pytest_gputrain.units import shown
+
 WORKERINPUT_KEY = "gputrain_cuda_visible_devices"
+NOTES_KEY = "gputrain_pinning_notes"  # in a worker's workeroutput: lines for the controller
 VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -100,9 +108,10 @@ def parse_per_worker(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     text = str(value).strip()
-    if not text.isdigit() or int(text) < 1:
+    # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
+    if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
         raise pytest.UsageError(
-            f"gpu_per_worker / --gpu-per-worker: {value!r} is not a whole number >= 1 "
+            f"gpu_per_worker / --gpu-per-worker: {shown(value)} is not a whole number >= 1 "
             "(e.g. --gpu-per-worker=1; add --gpu-share to let workers share GPUs)")
     return int(text)
 
@@ -126,9 +135,12 @@ class XdistPinning:
         self.share = share
         self.count_gpus = count_gpus
         self.assigned: dict[str, str] = {}  # spec id -> CUDA_VISIBLE_DEVICES
+        self.decided = False  # setupnodes ran: workers follow it, pinned or not
+        self.worker_notes: list[str] = []
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Sequence[Any]) -> None:
+        self.decided = True
         visible = os.environ.get(VARIABLE)
         count, reason = self.count_gpus()
         pool = parse_visible(visible, count)
@@ -161,8 +173,18 @@ class XdistPinning:
         value = getattr(spec, "env", {}).get(VARIABLE) if spec is not None else None
         if value is None:
             value = self.assigned.get(str(node.workerinput.get("workerid")))
-        if value is not None:
-            node.workerinput[WORKERINPUT_KEY] = value
+        if value is not None or self.decided:
+            node.workerinput[WORKERINPUT_KEY] = value  # None: not pinned, and already said why
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        workerid = getattr(node, "workerinput", {}).get("workerid", "a worker")
+        for note in getattr(node, "workeroutput", {}).get(NOTES_KEY, []):
+            self.worker_notes.append(f"gputrain: {workerid}: {note}")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        for line in self.worker_notes:
+            terminalreporter.write_line(line, yellow=True)
 
     def _say(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -176,8 +198,8 @@ def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
     workerinput: dict[str, Any] = getattr(config, "workerinput", {})
     value = workerinput.get(WORKERINPUT_KEY)
     if value is None:
-        if per_worker is None:
-            return None
+        if per_worker is None or WORKERINPUT_KEY in workerinput:
+            return None  # nothing asked, or the controller decided not to pin (and said why)
         index = worker_number(workerinput.get("workerid") or os.environ.get("PYTEST_XDIST_WORKER"))
         total = workerinput.get("workercount") or os.environ.get("PYTEST_XDIST_WORKER_COUNT")
         if index is None or total is None:
@@ -187,7 +209,7 @@ def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
             value = ",".join(assign_devices(index, int(total), per_worker,
                                             os.environ.get(VARIABLE), count, share))
         except PinningError as exc:
-            warnings.warn(f"gputrain: worker {index} not pinned to a GPU: {exc}", stacklevel=1)
+            _tell_controller(config, f"not pinned to a GPU: {exc}")
             return None
     if os.environ.get(VARIABLE) != value:
         torch = sys.modules.get("torch")
@@ -196,8 +218,17 @@ def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
         except Exception:
             late = False
         if late:
-            warnings.warn(f"gputrain: CUDA was initialised in this xdist worker before it could "
-                          f"be pinned to CUDA_VISIBLE_DEVICES={value} (a conftest or plugin "
-                          "touched CUDA at import); it may use the wrong GPU", stacklevel=1)
+            _tell_controller(config, f"CUDA was initialised before the worker could be pinned "
+                                     f"to CUDA_VISIBLE_DEVICES={value} (a conftest or plugin "
+                                     "touched CUDA at import); it may use the wrong GPU")
         os.environ[VARIABLE] = value
     return str(value)
+
+
+def _tell_controller(config: pytest.Config, note: str) -> None:
+    """One line for the controller to print at the end of the session."""
+    output = getattr(config, "workeroutput", None)
+    if isinstance(output, dict):
+        output.setdefault(NOTES_KEY, []).append(note)
+    else:  # not under xdist's control: say it here, still on one line
+        sys.stderr.write(f"gputrain: {note}\n")

@@ -11,13 +11,15 @@ Settings come from the command line or the ini file (pytest.ini / pyproject.toml
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_gputrain.engine.rules import CODE_RE, Rule, RuleFileError
 from pytest_gputrain.findings import SEVERITY_RANK
-from pytest_gputrain.units import parse_percent, parse_size
+from pytest_gputrain.units import parse_percent, parse_size, shown
 
 
 class SettingError(ValueError):
@@ -101,6 +103,23 @@ def build_config(
     return config
 
 
+_WHOLE_RE = re.compile(r"-?[0-9]+")
+_MAX_PARAM_DIGITS = 18  # a threshold beyond 10**18 is a typo; and int() refuses 4300+ digits
+
+
+def _whole_number(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_PARAM_DIGITS:
+        raise ValueError(f"more than {_MAX_PARAM_DIGITS} digits")
+    return int(text)
+
+
+def _finite_number(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number) or abs(number) > 10.0**_MAX_PARAM_DIGITS:
+        raise ValueError(f"not a finite number of at most {_MAX_PARAM_DIGITS} digits")
+    return number
+
+
 def coerce_param(rule: Rule, name: str, text: str) -> Any:
     """Give an overriding value the type of the rule's default (sizes and percents allowed)."""
     if name not in rule.params:
@@ -116,13 +135,13 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
                 raise ValueError(f"{text!r} is not a boolean (true or false)")
             return lowered in ("true", "1", "yes")
         if isinstance(default, int):
-            return int(text) if text.lstrip("-").isdigit() else parse_size(text)
+            return _whole_number(text) if _WHOLE_RE.fullmatch(text) else parse_size(text)
         if isinstance(default, float):
-            return parse_percent(text) if text.endswith("%") else float(text)
+            return parse_percent(text) if text.endswith("%") else _finite_number(text)
         return text
     except ValueError as exc:
         raise SettingError(
-            f"gpu_rule_params: {rule.code}.{name}={text!r}: {exc} (default is {default!r})"
+            f"gpu_rule_params: {rule.code}.{name}={shown(text)}: {exc} (default is {default!r})"
         ) from None
 
 

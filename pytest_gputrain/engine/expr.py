@@ -36,6 +36,7 @@ __all__ = [
     "FUNCTIONS",
     "MAX_DEPTH",
     "MAX_LENGTH",
+    "MAX_STRING",
     "UNKNOWN",
     "ConditionError",
     "EvaluationError",
@@ -52,6 +53,7 @@ MAX_DEPTH: Final = 64  # nesting levels; bounds recursion in the parser and the 
 MAX_DIGITS: Final = 400  # digits in one number literal (and in round()'s ndigits)
 MAX_ITEMS: Final = 1000  # elements of a list literal / arguments of a call
 _MAX_BITS: Final = 1400  # integer results: a little over MAX_DIGITS decimal digits
+MAX_STRING: Final = 100_000  # characters in a string result ('+' is the only op that grows one)
 
 _DIGITS: Final = frozenset("0123456789")
 _IDENT_START: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
@@ -675,6 +677,11 @@ def _arith(op: str, left: object, right: object) -> object:
     if left is UNKNOWN or right is UNKNOWN:
         return UNKNOWN
     if op == "+" and isinstance(left, str) and isinstance(right, str):
+        # As for integers: without a bound, s + s + s ... over a large fact copies gigabytes
+        # (each '+' copies the whole result so far) and never finishes.
+        if len(left) + len(right) > MAX_STRING:
+            raise _Problem(f"string result would be longer than {MAX_STRING} characters "
+                           f"({len(left)} + {len(right)})")
         return left + right
     if _is_number(left) and _is_number(right):
         try:

@@ -122,8 +122,8 @@ class Ladder:
         losses = []
         for _ in range(steps):
             loss = self.spec.step(model, next(batches), optimizer, device, precision)
-            losses.append(loss)
-        return [float(loss) for loss in losses]  # one sync at the end, not one per step
+            losses.append(_detached(loss))
+        return [_scalar(loss) for loss in losses]  # one sync at the end, not one per step
 
     # -- rungs -----------------------------------------------------------------------------------
 
@@ -170,18 +170,20 @@ class Ladder:
             events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
             events[0].record()
             for index in range(steps):
-                losses.append(self.spec.step(model, next(batches), optimizer, dev, precision))
+                losses.append(_detached(
+                    self.spec.step(model, next(batches), optimizer, dev, precision)))
                 events[index + 1].record()
             torch.cuda.synchronize(dev)
             times = [events[i].elapsed_time(events[i + 1]) / 1000 for i in range(steps)]
         else:
             for _ in range(steps):
                 started = time.perf_counter()
-                losses.append(self.spec.step(model, next(batches), optimizer, dev, precision))
+                losses.append(_detached(
+                    self.spec.step(model, next(batches), optimizer, dev, precision)))
                 times.append(time.perf_counter() - started)
         summary = sampler.stop().summary() if sampler is not None else {}
         kept = times[warmup:] if len(times) > warmup else times
-        accuracy = (self.spec.evaluate(model, dev, precision)
+        accuracy = (_scalar(self.spec.evaluate(model, dev, precision))
                     if evaluate and self.spec.evaluate else None)
         util, temp = summary.get("utilization_gpu"), summary.get("temperature")
         record = RungRecord(
@@ -191,7 +193,7 @@ class Ladder:
             peak_reserved=torch.cuda.max_memory_reserved(dev) if dev.type == "cuda" else None,
             utilization_p10=util.p10 if util else None, utilization_p90=util.p90 if util else None,
             temperature_min=temp.min if temp else None, temperature_max=temp.max if temp else None,
-            val_accuracy=accuracy, loss_first=float(losses[0]), loss_last=float(losses[-1]),
+            val_accuracy=accuracy, loss_first=_scalar(losses[0]), loss_last=_scalar(losses[-1]),
         )
         self.results.rungs.append(record)
         del model, optimizer
@@ -237,6 +239,20 @@ class Ladder:
         # Peak *allocated*, not reserved: near the budget the caching allocator frees its cache
         # and retries, so what must fit is the live memory (reserved overstates it by ~50 %).
         return int(torch.cuda.max_memory_allocated(device))
+
+
+def _detached(value: Any) -> Any:
+    """A tensor the step returned, cut from its autograd graph (a float stays a float).
+
+    Done as each step returns: a kept loss that requires grad holds on to its graph, and
+    ``float()`` of it makes torch warn from our code (an error under ``-W error``)."""
+    detach = getattr(value, "detach", None)
+    return detach() if callable(detach) else value
+
+
+def _scalar(value: Any) -> float:
+    """A loss or accuracy as a float, whether the project returned a tensor or a number."""
+    return float(_detached(value))
 
 
 def _release(torch: Any, device: Any) -> None:

@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 PROJECT = Path(__file__).resolve().parent
@@ -15,3 +16,17 @@ if str(PROJECT) not in sys.path:
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
+
+# The GPU ladder module is the pytest-gputrain showcase: it uses the plugin's markers and its
+# `gpu_ladder` fixture. Without the plugin (`-p no:gputrain`, or not installed) it is left out,
+# and the CPU tests run as plain pytest (the repository's --strict-markers would reject it).
+GPU_LADDER_MODULE = "test_product_gpu_ladder.py"
+PLUGIN_NAMES = ("gputrain", "pytest_gputrain.plugin")  # entry point, or `-p pytest_gputrain.plugin`
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.name == GPU_LADDER_MODULE and not any(
+            config.pluginmanager.hasplugin(name) for name in PLUGIN_NAMES):
+        return True
+    return None

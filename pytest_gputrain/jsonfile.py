@@ -1,0 +1,101 @@
+"""Read a JSON file a user hands to the command line (a facts file), with limits.
+
+Facts files are written by ``--gpu-facts-out``, but the one given to ``replay`` may have been
+edited by hand, cut short or made by someone else. ``json.loads`` alone turns some of those into
+crashes far from the file: a ``RecursionError`` for ``[[[[…`` nested thousands deep, a
+``ValueError`` for an integer of 4300+ digits, an ``OverflowError`` later for one of 400 digits
+(no float holds it), and a ``UnicodeEncodeError`` when a string with a lone surrogate
+(``"\\ud800"``, legal in JSON, unprintable in UTF-8) reaches the terminal. :func:`read_json`
+turns each into a :class:`JsonFileError` that names the file and the problem, or, for the
+surrogate, into text that prints (``\\ud800`` written out).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pytest_gputrain.units import shown
+
+# No fact is larger than a 64-bit integer (bytes, counts, nanoseconds); neither NVML nor torch
+# reports one. 20 characters: 19 digits and a sign.
+MAX_INT = 2**63
+_MAX_INT_CHARS = 20
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class JsonFileError(ValueError):
+    """The file cannot be read as JSON within the limits; the message names the file."""
+
+
+class _OutOfRange(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    # Checked before int(): int() refuses 4300+ digits, and is slow well before that.
+    value = int(text) if len(text) <= _MAX_INT_CHARS else None
+    if value is None or not -MAX_INT <= value <= MAX_INT:
+        raise _OutOfRange(f"the integer {shown(text)} is out of range (a fact is at most 2**63)")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise _OutOfRange(f"{text} is not a JSON number (write null for an unknown value)")
+
+
+def _printable(text: str) -> str:
+    # Only lone surrogates cannot be encoded as UTF-8; they are written out as \udXXX.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _replace_lone_surrogates(data: Any) -> Any:
+    """``data`` with every string printable, walked without recursion (it may nest deeply)."""
+    if isinstance(data, str):
+        return _printable(data)
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in list(node):
+                value = node.pop(key)
+                node[_printable(key)] = _printable(value) if isinstance(value, str) else value
+                if isinstance(value, dict | list):
+                    stack.append(value)
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                if isinstance(value, str):
+                    node[index] = _printable(value)
+                elif isinstance(value, dict | list):
+                    stack.append(value)
+    return data
+
+
+def read_json(path: Path) -> Any:
+    """The parsed content of ``path``; raises :class:`JsonFileError` naming the file."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise JsonFileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise JsonFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise JsonFileError(f"{path}: not UTF-8 text (byte {exc.start} is "
+                            f"{raw[exc.start]:#04x})") from None
+    try:
+        data = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise JsonFileError(f"{path}: not valid JSON: {exc}") from None
+    except _OutOfRange as exc:
+        raise JsonFileError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise JsonFileError(f"{path}: arrays or objects are nested too deeply to read (a facts "
+                            "file nests fewer than ten levels)") from None
+    if _SURROGATE_ESCAPE.search(text):  # rare, and the search is fast next to the parse
+        data = _replace_lone_surrogates(data)
+    return data

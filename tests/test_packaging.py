@@ -1,0 +1,55 @@
+"""The project's metadata: one version number, the license, the links, and ``--version``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pytest_gputrain
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+REPOSITORY = "https://github.com/pytest-gputrain/pytest-gputrain"
+
+
+def test_the_version_is_written_once_in_the_package() -> None:
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert PYPROJECT["tool"]["hatch"]["version"]["path"] == "pytest_gputrain/__init__.py"
+    assert importlib.metadata.version("pytest-gputrain") == pytest_gputrain.__version__
+
+
+def test_the_license_file_matches_the_metadata() -> None:
+    assert PYPROJECT["project"]["license"] == "MIT"
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License\n")
+    assert "Copyright (c) 2026 The pytest-gputrain authors" in text
+    assert "LICENSE" in PYPROJECT["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
+
+
+def test_the_project_links_point_at_the_repository() -> None:
+    urls = PYPROJECT["project"]["urls"]
+    assert urls["Repository"] == urls["Homepage"] == REPOSITORY
+    assert urls["Issues"] == f"{REPOSITORY}/issues"
+
+
+def test_the_cli_prints_the_version() -> None:
+    expected = f"pytest-gputrain {pytest_gputrain.__version__}\n"
+    module = subprocess.run([sys.executable, "-m", "pytest_gputrain", "--version"],
+                            capture_output=True, text=True, check=False)
+    assert (module.returncode, module.stdout, module.stderr) == (0, expected, "")
+    script = shutil.which("pytest-gputrain", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("the pytest-gputrain console script is not installed in this environment")
+    console = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
+    assert (console.returncode, console.stdout, console.stderr) == (0, expected, "")
