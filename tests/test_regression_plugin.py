@@ -14,7 +14,7 @@ import pytest
 import pytest_gputrain.regression.benchmark
 import pytest_gputrain.regression.history
 import pytest_gputrain.regression.output
-import pytest_gputrain.regression.session  # noqa: F401
+import pytest_gputrain.regression.gate  # noqa: F401
 from pytest_gputrain.regression.store import Store
 
 # A conftest for the inner runs: a fake clock the step advances, so timings are exact and

@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = settings
     config.stash[results_key] = []
     if settings.uses_store and not _is_worker(config):
-        from pytest_gputrain.regression.session import check_store
+        from pytest_gputrain.regression.gate import check_store
 
         check_store(settings)
 
@@ -108,7 +108,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if not records and not settings.uses_store and settings.json_path is None:
         return
-    from pytest_gputrain.regression.session import finish
+    from pytest_gputrain.regression.gate import finish
 
     interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
     report = finish(config, settings, records, save=not interrupted)
