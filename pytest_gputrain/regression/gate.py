@@ -80,6 +80,7 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force),
                         benchmarks=results, compare_spec=settings.compare,
                         save_name=settings.save)
+    _note_profiled(report, results)
     if settings.save and not save:
         report.notes.append(f"gpu_save={settings.save!r}: the session was interrupted; "
                             "nothing saved")
@@ -92,6 +93,18 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     if summary and (settings.uses_store or settings.json_path is not None):
         _append_markdown(Path(summary), report)
     return report
+
+
+def _note_profiled(report: GateReport, results: list[BenchmarkResult]) -> None:
+    """Benchmarks timed after a torch profiler ran in the same process pay for CUPTI."""
+    profiled = [r.nodeid for r in results if r.conditions.get("profiler_before")
+                and r.conditions.get("teardown_cupti") != "1"]
+    if profiled:
+        report.notes.append(
+            f"{len(profiled)} benchmark(s) ran after a torch profiler in the same process (e.g. "
+            f"{profiled[0]}): kineto leaves CUPTI attached, which slows every kernel launch, so "
+            "these timings are not like those of a session without a profiler. Run benchmarks "
+            "in a session of their own, or set TEARDOWN_CUPTI=1")
 
 
 def _use_store(config: pytest.Config, settings: RegressionSettings, report: GateReport,
