@@ -427,6 +427,8 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
      "*gpu_benchmark_skip / --gpu-benchmark-skip: measures nothing, so gpu_compare*"),
     (["--gpu-benchmark-skip", "--gpu-benchmark-disable"],
      "*cannot be combined with gpu_benchmark_skip*"),
+    (["--gpu-save=x", "--gpu-store=postgresql://ci:pw@127.0.0.1:1/db?connect_timeout=3"],
+     "*gpu_store: cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/db*"),
 ])
 def test_bad_options_are_usage_errors(project: pytest.Pytester, args: list[str],
                                       message: str) -> None:

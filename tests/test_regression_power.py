@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from scipy import stats as scipy_stats
 
 from pytest_gputrain.regression.store import open_store
 
@@ -27,6 +26,8 @@ def _power_module() -> object:
 
 
 def test_required_sessions_matches_scipy() -> None:
+    from scipy import stats as scipy_stats  # a test dependency, imported where it is used
+
     module = _power_module()
     required = module.required_sessions  # type: ignore[attr-defined]
 

@@ -7,11 +7,9 @@ import math
 import random
 import statistics
 
-import numpy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats as scipy_stats
 
 from pytest_gputrain.regression import stats
 from pytest_gputrain.regression.stats import (
@@ -26,6 +24,8 @@ from pytest_gputrain.regression.stats import (
 
 
 def test_student_t_matches_scipy_on_random_points() -> None:
+    from scipy import stats as scipy_stats  # a test dependency, imported where it is used
+
     rng = random.Random(11)
     for _ in range(400):
         df = rng.choice([1, 2, 3, 4, 5, 8, 12, 30, 120]) if rng.random() < 0.7 else \
@@ -49,6 +49,8 @@ def test_student_t_edges() -> None:
 
 
 def test_quartiles_and_median_match_numpy() -> None:
+    import numpy
+
     rng = random.Random(5)
     for size in (1, 2, 3, 7, 100):
         values = [rng.lognormvariate(0, 1) for _ in range(size)]
@@ -157,6 +159,8 @@ def test_detectable_change_is_caught_95_percent_of_the_time() -> None:
 
 
 def test_detectable_change_formula() -> None:
+    from scipy import stats as scipy_stats
+
     se, df = 0.004, 6
     expected = math.expm1(max(math.log1p(0.025), scipy_stats.t.ppf(0.99, df) * se)
                           + scipy_stats.t.ppf(0.95, df) * se)
