@@ -1,31 +1,54 @@
-"""Power of the regression gate on a real training step: does it catch a 5 % slowdown, and does
-it stay quiet when nothing changed?
+"""Power of the regression gate across sessions: does the CI recipe catch a 5 % slowdown, and does
+it stay quiet when nothing changed, when every session is its own process?
 
-    python benchmarks/regression_power.py                      # CUDA: 20 + 20 trials
-    python benchmarks/regression_power.py --device cpu --trials 3   # smoke run anywhere
+    python benchmarks/regression_power.py                    # CUDA, one GPU, about 5 minutes
+    python benchmarks/regression_power.py --devices 2        # two GPUs, one stream of sessions each
+    python benchmarks/regression_power.py --device cpu --sessions 2 --rounds 20 --budget-s 60
 
-A small conv net's training step (forward, backward, SGD) is sized to take 5–10 ms on the GPU
-(an MLP step on the CPU). The *slowed* step is the same step plus extra work calibrated to
-``--slowdown`` (5 %) of its median time: on CUDA a spinning kernel (``torch.cuda._sleep``) queued
-on the same stream, on the CPU a busy-wait; the calibration is then checked by measurement.
+Two training steps, each timed as CI times it:
 
-Each trial times a baseline side and another side (slowed, or the unchanged step) with the
-``gpu_benchmark`` machinery (CUDA events, ``--warmup`` untimed steps, ``--rounds`` <= 100 timed
-steps per side, NVML throttle flags), and asks the gate (Mann–Whitney one-sided, ``--alpha``,
-median change above ``--threshold``) for a verdict. Trials of the two kinds alternate so that
-drift in clocks or temperature hits both alike. Goal: >= 19/20 slowdowns caught and <= 1/20
-false alarms.
+- launch-bound: ResNet-18, batch 32, fp32, 224x224, SGD (the host's kernel launches are the
+  critical path: what small models and small batches in test suites look like);
+- GPU-bound: a conv net at batch 512 (``training_step.build_step``).
 
-The threshold (default 2.5 %) is the smallest change the gate reports: a slowdown well above it
-(here 5 %) should be caught nearly every time; one right at it only half the time.
+Every session is a separate OS process with its own CUDA context, started from a forkserver
+that has imported torch but not initialised CUDA (a cold process per step, a new interpreter,
+measures what a CI session costs). A session builds the step, times it with the plugin's own
+engine (``GpuBenchmark``: ``--warmup`` untimed steps, ``--rounds`` <= 100 timed steps, NVML
+sampler thread) and saves it in a real store as one run; the comparisons then run in this
+parent process, which reads the runs back from the store and decides with the gate's own
+``compare_test`` (t-test over per-session medians, ``--threshold``, ``--alpha``), as
+``python -m pytest_gputrain compare`` does in CI.
+
+The slowdown is 5 % of the step's median, measured in a calibration session: host-side busy
+work before each step for the launch-bound step, a GPU spin kernel (``torch.cuda._sleep``)
+after each step for the GPU-bound one. Sessions of the unchanged and the slowed step alternate
+(two unchanged to one slowed), so drift in clocks or temperature hits both alike.
+
+Trials are formed from the pools of sessions: a power trial draws ``--sessions`` unchanged
+sessions as the baseline and as many slowed ones as the candidate; a false-alarm trial draws
+two disjoint sets of unchanged sessions. Trials share sessions (the pools are finite), so the
+trials are not independent; the output says how large the pools were. The number of sessions
+the recipe needs comes from the spread between unchanged sessions (the t-test's power for a
+5 % slowdown >= 95 %). Goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import multiprocessing
+import os
+import random
+import statistics
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,169 +57,416 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training_step import size_batch as shared_size_batch
-
-from pytest_gputrain.regression.benchmark import BenchmarkOptions, BenchmarkResult, measure
 from pytest_gputrain.regression.compare import GateSettings, compare_test
-from pytest_gputrain.regression.output import format_p, format_seconds
-from pytest_gputrain.regression.stats import median
-from pytest_gputrain.regression.store import ResultRecord
+from pytest_gputrain.regression.output import format_seconds
+from pytest_gputrain.regression.stats import pooled_spread, t_ppf, t_sf
+from pytest_gputrain.regression.store import describe, open_store
+
+STEPS = ("launch", "gpu")
+DESCRIPTIONS = {
+    ("launch", "cuda"): "launch-bound: ResNet-18, batch 32, fp32, 224x224, SGD",
+    ("gpu", "cuda"): "GPU-bound: conv net (4 conv + linear, 64x64), batch 512, SGD",
+    ("launch", "cpu"): "launch-bound (CPU stand-in): ResNet-18 at width 8, batch 2, 32x32, SGD",
+    ("gpu", "cpu"): "compute-bound (CPU stand-in): MLP 512-1024-1024-10, batch 64, SGD",
+}
+SESSION_TIMEOUT_S = 300.0
 
 
-def timed(step: Any, device: str, rounds: int, warmup: int) -> BenchmarkResult:
-    options = BenchmarkOptions(warmup=warmup, min_rounds=rounds, max_rounds=rounds,
-                               max_time=3600.0)
-    return measure(step, options=options, device=device, fingerprint=False)
+# -- one session (runs in its own process) -------------------------------------------------------
 
 
-def size_batch(torch: Any, device: str, target: tuple[float, float]) -> tuple[int, Any, float]:
-    """A batch whose step median lands in ``target`` seconds (or the closest tried)."""
-    return shared_size_batch(torch, device, target,
-                             lambda step: timed(step, device, 30, 10).median, tries=6)
+def build_step(torch: Any, step: str, device: str, gpu_batch: int) -> Callable[[], None]:
+    import training_step  # benchmarks/ is on sys.path
+
+    if step == "launch":
+        if device == "cpu":
+            return training_step.build_resnet18_step(torch, device, batch=2, size=32, width=8)
+        return training_step.build_resnet18_step(torch, device, batch=32, size=224)
+    return training_step.build_step(torch, device, 64 if device == "cpu" else gpu_batch)
 
 
-class ExtraWork:
-    """Honest extra work of a chosen duration: a spinning GPU kernel, or a CPU busy-wait."""
+def spin_cycles_per_second(torch: Any) -> float:
+    """How many ``torch.cuda._sleep`` cycles this GPU spins per second."""
+    cuda = torch.cuda
+    cycles = 2_000_000
+    for _ in range(3):
+        cuda._sleep(cycles)
+    cuda.synchronize()
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return 20 * cycles / (start.elapsed_time(end) / 1000)
 
-    def __init__(self, torch: Any, device: str) -> None:
-        self.torch = torch
-        self.device = device
-        self.amount = 0.0  # GPU: kernel cycles; CPU: seconds
-        self.per_second = 1.0
-        if device != "cpu":
-            self.per_second = self._cycles_per_second()
 
-    def _cycles_per_second(self) -> float:
-        cuda = self.torch.cuda
-        cycles = 2_000_000
-        for _ in range(3):
-            cuda._sleep(cycles)
-        cuda.synchronize()
-        start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        return 20 * cycles / (start.elapsed_time(end) / 1000)
-
-    def set_seconds(self, seconds: float) -> None:
-        self.amount = seconds * self.per_second
-
-    @property
-    def seconds(self) -> float:
-        return self.amount / self.per_second
-
-    def __call__(self) -> None:
-        if self.device == "cpu":
-            end = time.perf_counter() + self.amount
+def slowed(torch: Any, step: Callable[[], None], how: str, amount: float) -> Callable[[], None]:
+    """The step plus extra work: ``host`` busy-waits ``amount`` seconds before the step (on a
+    launch-bound step the host is the critical path); ``gpu`` queues a spin kernel of
+    ``amount`` cycles after it on the same stream."""
+    if how == "host":
+        def host_slowed() -> None:
+            end = time.perf_counter() + amount
             while time.perf_counter() < end:
                 pass
-        elif self.amount >= 1:
-            self.torch.cuda._sleep(int(self.amount))
+            step()
+        return host_slowed
 
-
-def calibrate(step: Any, extra: ExtraWork, device: str, slowdown: float, rounds: int,
-              warmup: int) -> float:
-    """Size the extra work to ``slowdown`` of the median step, then measure what it does
-    (three interleaved pairs of blocks); returns the measured slowdown. The extra work runs in
-    series with the step (same stream, or the same thread), so its time adds to the step's."""
-
-    def slowed() -> None:
+    def gpu_slowed() -> None:
         step()
-        extra()
+        torch.cuda._sleep(int(amount))
+    return gpu_slowed
 
-    base = median([timed(step, device, rounds, warmup).median for _ in range(3)])
-    extra.set_seconds(slowdown * base)
-    base_medians, slow_medians = [], []
-    for _ in range(3):
-        base_medians.append(timed(step, device, rounds, warmup).median)
-        slow_medians.append(timed(slowed, device, rounds, warmup).median)
-    return median(slow_medians) / median(base_medians) - 1
+
+def run_session(spec: dict[str, Any]) -> dict[str, Any]:
+    """One session: build the step, time it with the plugin's engine, save it as one run."""
+    import torch
+
+    from pytest_gputrain.regression.benchmark import BenchmarkOptions, GpuBenchmark
+    from pytest_gputrain.regression.gate import save_results
+    from pytest_gputrain.regression.stats import median
+
+    device = spec["device"]
+    if device == "cpu":
+        torch.set_num_threads(1)
+    else:
+        torch.cuda.set_device(torch.device(device))
+    torch.backends.cudnn.benchmark = bool(spec["cudnn_benchmark"])
+    step = build_step(torch, spec["step"], device, spec["gpu_batch"])
+    if spec["slowdown"]:
+        step = slowed(torch, step, spec["slowdown"], spec["amount"])
+    options = BenchmarkOptions(warmup=spec["warmup"], min_rounds=spec["rounds"],
+                               max_rounds=spec["rounds"], max_time=3600.0)
+    bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options)
+    result = bench(step, device=device)
+    out: dict[str, Any] = {"median": median(result.clean_step_times()), "pid": os.getpid(),
+                           "throttled": result.throttled_count,
+                           "fingerprint": result.fingerprint, "conditions": result.conditions}
+    if spec.get("calibrate") and device != "cpu":
+        out["cycles_per_second"] = spin_cycles_per_second(torch)
+    with open_store(spec["store"]) as store:
+        out["run_id"] = save_results(store, spec["name"], [result], commit=None).id
+    return out
+
+
+def _session_entry(spec: dict[str, Any], connection: Any) -> None:
+    try:
+        connection.send({"ok": True, **run_session(spec)})
+    except BaseException as exc:
+        connection.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+    finally:
+        connection.close()
+
+
+def start_session(context: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one session in a new process of ``context``; its result and wall time."""
+    receiver, sender = context.Pipe(duplex=False)
+    started = time.perf_counter()
+    process = context.Process(target=_session_entry, args=(spec, sender))
+    process.start()
+    sender.close()
+    answer: dict[str, Any] = {"ok": False, "error": "the session process sent nothing"}
+    if receiver.poll(SESSION_TIMEOUT_S):
+        with contextlib.suppress(EOFError):
+            answer = receiver.recv()
+    else:
+        answer["error"] = f"the session did not finish in {SESSION_TIMEOUT_S:g} s"
+        process.kill()
+    process.join(30)
+    answer["wall"] = time.perf_counter() - started
+    if not answer.get("ok"):
+        raise RuntimeError(f"session {spec['name']} failed: {answer.get('error')} "
+                           f"(exit code {process.exitcode})")
+    return answer
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    """The sessions of one step."""
+
+    step: str
+    description: str
+    calibration: dict[str, Any] = field(default_factory=dict)
+    slowdown: str = ""
+    amount: float = 0.0  # host: seconds; gpu: spin cycles
+    extra_seconds: float = 0.0
+    unchanged: list[dict[str, Any]] = field(default_factory=list)
+    slowed: list[dict[str, Any]] = field(default_factory=list)
+
+    def walls(self) -> list[float]:
+        return [s["wall"] for s in self.unchanged + self.slowed]
+
+
+def required_sessions(spread: float, df: int, slowdown: float, threshold: float,
+                      alpha: float, power: float = 0.95, most: int = 50) -> int | None:
+    """The fewest sessions a side whose t-test over sessions (with the spread known to ``df``
+    degrees of freedom from the pool) catches ``slowdown`` with ``power``, past ``threshold``."""
+    for n in range(2, most + 1):
+        se = spread * math.sqrt(2 / n)
+        if se == 0:
+            return n if math.log1p(slowdown) > math.log1p(threshold) else None
+        degrees = 2 * n - 2
+        bound = max(math.log1p(threshold), t_ppf(1 - alpha, degrees) * se)
+        if t_sf((bound - math.log1p(slowdown)) / se, degrees) >= power:
+            return n
+    return None
+
+
+def trials(store_location: str | Path, pool: Pool, sessions: int, count: int, seed: int,
+           gate: GateSettings) -> dict[str, Any]:
+    """Power and false-alarm trials drawn from the pools, decided by the gate's compare_test
+    on the runs read back from the store."""
+    rng = random.Random(seed)
+    nodeid = f"benchmarks/regression_power.py::{pool.step}"
+    with open_store(store_location, create=False) as store:
+        records = {}
+        for session in pool.unchanged + pool.slowed:
+            records[session["run_id"]] = store.results(session["run_id"])[nodeid]
+    unchanged = [s["run_id"] for s in pool.unchanged]
+    slow = [s["run_id"] for s in pool.slowed]
+    rows: dict[str, list[dict[str, Any]]] = {"slowed": [], "unchanged": []}
+    for _ in range(count):
+        for kind in ("slowed", "unchanged"):
+            if kind == "slowed":
+                base, current = rng.sample(unchanged, sessions), rng.sample(slow, sessions)
+            else:
+                drawn = rng.sample(unchanged, 2 * sessions)
+                base, current = drawn[:sessions], drawn[sessions:]
+            (row,) = compare_test(nodeid, [records[i] for i in base],
+                                  [records[i] for i in current], gate)
+            rows[kind].append({"baseline_runs": base, "current_runs": current,
+                               "verdict": row.verdict, "change": row.change,
+                               "p_value": row.p_value, "detectable": row.detectable})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
-    parser.add_argument("--trials", type=int, default=20, help="trials of each kind (20)")
-    parser.add_argument("--rounds", type=int, default=100, help="timed steps per side (<= 100)")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed steps per side (10)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cuda (default) or cpu (tiny steps, for a smoke run anywhere)")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="GPUs to use, one stream of sessions on each (default 1)")
+    parser.add_argument("--steps", default=",".join(STEPS),
+                        help="which steps: launch, gpu or both (default launch,gpu)")
+    parser.add_argument("--sessions", type=int, default=3,
+                        help="sessions a side in the recipe (default 3)")
+    parser.add_argument("--trials", type=int, default=20, help="trials of each kind (>= 20)")
+    parser.add_argument("--budget-s", type=float, default=270.0,
+                        help="start no session that would end after this many seconds "
+                             "(default 270)")
+    parser.add_argument("--pool", type=int, default=None,
+                        help="slowed sessions per step, twice as many unchanged ones "
+                             "(default 4 x --sessions, as the budget allows)")
+    parser.add_argument("--rounds", type=int, default=100, help="timed steps a session (<= 100)")
+    parser.add_argument("--warmup", type=int, default=30, help="untimed steps a session (30)")
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected slowdown (0.05)")
     parser.add_argument("--threshold", type=float, default=0.025,
-                        help="gate: smallest median change reported (0.025 = 2.5 %%)")
+                        help="gate: smallest change reported (0.025 = 2.5 %%)")
     parser.add_argument("--alpha", type=float, default=0.01, help="gate: significance (0.01)")
-    parser.add_argument("--json", metavar="PATH", help="also write every trial as JSON")
+    parser.add_argument("--gpu-batch", type=int, default=512, help="GPU-bound step's batch")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="sessions set torch.backends.cudnn.benchmark = True")
+    parser.add_argument("--cold", action=argparse.BooleanOptionalAction, default=None,
+                        help="calibrate in a new interpreter, timing a cold session (default: "
+                             "on for cuda, off for cpu)")
+    parser.add_argument("--store", help="store for the sessions: a file or a postgresql:// URL "
+                                        "(default: a new SQLite file in a temporary folder)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the trials' draws")
+    parser.add_argument("--json", metavar="PATH", help="also write everything as JSON")
     args = parser.parse_args(argv)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    if not steps or any(s not in STEPS for s in steps):
+        parser.error(f"--steps {args.steps!r}: choose from {', '.join(STEPS)}")
     if not 1 <= args.rounds <= 100:
         parser.error("--rounds must be between 1 and 100")
+    if args.trials < 1 or args.sessions < 2:
+        parser.error("--trials must be >= 1 and --sessions >= 2")
+    if args.pool is not None and args.pool < args.sessions:
+        parser.error("--pool must be at least --sessions (a trial draws that many)")
+    if args.devices < 1 or (args.device == "cpu" and args.devices != 1):
+        parser.error("--devices must be >= 1 (and 1 with --device cpu)")
+    cold = args.cold if args.cold is not None else args.device == "cuda"
+    started = time.perf_counter()
+    deadline = started + args.budget_s
 
-    import torch
+    folder = tempfile.TemporaryDirectory(prefix="gputrain-power-")
+    store = args.store or str(Path(folder.name) / "power.sqlite")
+    store_location: str | Path = store if "://" in store else Path(store)
+    open_store(store_location).close()  # created once, before the sessions race to it
 
-    device = args.device
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            parser.error("CUDA is not available here; use --device cpu")
-        torch.backends.cudnn.benchmark = True
-        name = torch.cuda.get_device_name(torch.device(device))
-        target = (0.005, 0.010)
-    else:
-        torch.set_num_threads(min(4, torch.get_num_threads()))
-        name = "CPU"
-        target = (0.001, 0.003)
-    batch, step, step_median = size_batch(torch, device, target)
-    extra = ExtraWork(torch, device)
-    measured = calibrate(step, extra, device, args.slowdown, args.rounds, args.warmup)
-    model = "MLP (512-1024-1024-10)" if device == "cpu" else "conv net (4 conv + linear, 64x64)"
-    print(f"device: {name} ({device}), torch {torch.__version__}")
-    print(f"step: {model}, batch {batch}, SGD training step, median "
-          f"{format_seconds(step_median)}")
-    how = "spinning kernel torch.cuda._sleep" if device != "cpu" else "CPU busy-wait"
-    print(f"slowdown: extra work of {format_seconds(extra.seconds)} per step ({how}), "
-          f"calibrated to {args.slowdown * 100:g} %, measured {measured * 100:+.2f} %")
-    print(f"gate: step_time threshold {args.threshold * 100:g} %, alpha {args.alpha:g}, "
-          f"Mann-Whitney one-sided; {args.rounds} timed steps per side after {args.warmup} "
-          "warm-up steps; throttled rounds left out")
-    print()
+    devices = ["cpu"] if args.device == "cpu" else [f"cuda:{i}" for i in range(args.devices)]
+    forked = multiprocessing.get_context("forkserver")
+    # The forkserver imports once what every session needs (torch without CUDA, the steps, the
+    # plugin's engine and store); each session is a fork of it, with its own CUDA context.
+    forked.set_forkserver_preload(["torch", "training_step", "diagnose_overhead",
+                                   "pytest_gputrain.regression.gate",
+                                   "pytest_gputrain.regression.store_sqlite",
+                                   "pytest_gputrain.collect.sampler"])
+    spawned = multiprocessing.get_context("spawn")
+    base_spec = {"rounds": args.rounds, "warmup": args.warmup, "store": store,
+                 "cudnn_benchmark": args.cudnn_benchmark, "gpu_batch": args.gpu_batch,
+                 "slowdown": "", "amount": 0.0}
 
-    def slowed() -> None:
-        step()
-        extra()
+    pools = {step: Pool(step, DESCRIPTIONS[(step, args.device)]) for step in steps}
+    print(f"regression power: sessions in separate processes on {', '.join(devices)}; "
+          f"{args.rounds} timed steps a session after {args.warmup} warm-up steps; store "
+          f"{describe(store_location)}", flush=True)
+    for step, pool in pools.items():  # calibration: the step's median, and its cost when cold
+        spec = {**base_spec, "step": step, "device": devices[0], "name": f"{step}/calibration",
+                "calibrate": True}
+        pool.calibration = start_session(spawned if cold else forked, spec)
+        median = pool.calibration["median"]
+        pool.extra_seconds = args.slowdown * median
+        if step == "launch" or args.device == "cpu":
+            pool.slowdown, pool.amount = "host", pool.extra_seconds
+        else:
+            pool.slowdown = "gpu"
+            pool.amount = pool.extra_seconds * pool.calibration["cycles_per_second"]
+        print(f"  calibrated {step}: median {format_seconds(median)}, "
+              f"{'cold' if cold else 'forked'} session {pool.calibration['wall']:.1f} s wall",
+              flush=True)
+
+    # The pools: two unchanged sessions to one slowed, steps alternating, as many as the budget
+    # allows (up to 2 --pool and --pool).
+    n = args.sessions
+    order = [(step, kind) for kind in ("unchanged", "unchanged", "slowed") for step in steps]
+    queue = [(step, kind) for _ in range(args.pool or 4 * n) for step, kind in order]
+    lock = threading.Lock()
+    counter = [0]
+    failures: list[str] = []
+
+    def stream(device: str) -> None:
+        while True:
+            with lock:
+                walls = [w for pool in pools.values() for w in pool.walls()]
+                estimate = statistics.median(walls) if walls else 0.0
+                if not queue or failures or time.perf_counter() + estimate > deadline:
+                    return
+                step, kind = queue.pop(0)
+                counter[0] += 1
+                number = counter[0]
+            pool = pools[step]
+            spec = {**base_spec, "step": step, "device": device,
+                    "name": f"{step}/{kind}/{number:03d}"}
+            if kind == "slowed":
+                spec.update(slowdown=pool.slowdown, amount=pool.amount)
+            try:
+                answer = start_session(forked, spec)
+            except RuntimeError as exc:
+                with lock:
+                    failures.append(str(exc))
+                return
+            answer["device"] = device
+            with lock:
+                getattr(pool, kind).append(answer)
+                done = len(pool.unchanged) + len(pool.slowed)
+            if done % 10 == 0:
+                print(f"  {step}: {done} sessions ({time.perf_counter() - started:.0f} s)",
+                      flush=True)
+
+    threads = [threading.Thread(target=stream, args=(d,)) for d in devices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        print(f"a session failed: {failures[0]}")
+        return 2
 
     gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha)
-    rows: list[dict[str, Any]] = []
-    header = (f"{'trial':>5}  {'kind':<9}  {'baseline':>10}  {'other':>10}  {'change':>8}  "
-              f"{'p-value':>8}  {'throttled':>9}  verdict")
-    print(header)
-    for trial in range(1, args.trials + 1):
-        for kind, other_step in (("slowed", slowed), ("unchanged", step)):
-            base = timed(step, device, args.rounds, args.warmup)
-            other = timed(other_step, device, args.rounds, args.warmup)
-            base.nodeid = other.nodeid = "power"
-            record = ResultRecord("power", {}, "", base.rounds, base.metrics(), base.summary())
-            (row,) = compare_test(other, record, gate)
-            throttled = f"{base.throttled_count}/{other.throttled_count}"
-            print(f"{trial:>5}  {kind:<9}  {format_seconds(row.baseline_median):>10}  "
-                  f"{format_seconds(row.current_median):>10}  "
-                  f"{(row.change or 0) * 100:>+7.2f}%  {format_p(row.p_value):>8}  "
-                  f"{throttled:>9}  {row.label}", flush=True)
-            rows.append({"trial": trial, "kind": kind, **row.to_json()})
-    caught = sum(1 for r in rows if r["kind"] == "slowed" and r["verdict"] == "regression")
-    alarms = sum(1 for r in rows if r["kind"] == "unchanged" and r["verdict"] == "regression")
-    n = args.trials
-    caught_goal, alarm_goal = -(-19 * n // 20), n // 20
+    report: dict[str, Any] = {"pid": os.getpid(), "devices": devices, "rounds": args.rounds,
+                              "warmup": args.warmup,
+                              "sessions_a_side": n, "threshold": args.threshold,
+                              "alpha": args.alpha, "slowdown": args.slowdown,
+                              "cudnn_benchmark": args.cudnn_benchmark, "steps": {}}
+    all_ok = True
+    first = next(iter(pools.values())).calibration["fingerprint"]
+    print(f"device: {first.get('gpu_name') or first.get('cpu_model')}, torch "
+          f"{first.get('torch_version')}, driver {first.get('driver_version')}")
+    print(f"recipe: {n} sessions a side, interleaved; gate step_time:{args.threshold * 100:g} %, "
+          f"alpha {args.alpha:g} (t-test over sessions)")
+    for step, pool in pools.items():
+        print()
+        print(f"== {pool.description} ==")
+        figures = summarise(pool, args, store_location, gate, cold)
+        report["steps"][step] = figures
+        all_ok = all_ok and figures["result"] == "PASS"
+    elapsed = time.perf_counter() - started
     print()
-    print(f"slowed by {args.slowdown * 100:g} %: {caught}/{n} caught "
-          f"(goal >= {caught_goal}/{n})")
-    print(f"unchanged: {alarms}/{n} false alarms (goal <= {alarm_goal}/{n})")
+    print(f"overall: {'PASS' if all_ok else 'MISS'} ({elapsed:.0f} s)")
+    report["elapsed_s"] = elapsed
+    report["result"] = "PASS" if all_ok else "MISS"
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    folder.cleanup()
+    return 0
+
+
+def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
+              gate: GateSettings, cold: bool) -> dict[str, Any]:
+    """Print one step's figures; the same as a dict."""
+    n, count = args.sessions, args.trials
+    unchanged = [s["median"] for s in pool.unchanged]
+    slow = [s["median"] for s in pool.slowed]
+    calibration = pool.calibration
+    forked_wall = statistics.median(pool.walls()) if pool.walls() else None
+    print(f"session median {format_seconds(calibration['median'])}; "
+          f"{'cold' if cold else 'forked'} calibration session {calibration['wall']:.1f} s "
+          f"wall; forked sessions {forked_wall or 0:.1f} s wall (median)")
+    figures: dict[str, Any] = {"description": pool.description, "calibration": calibration,
+                               "pool": {"unchanged": pool.unchanged, "slowed": pool.slowed},
+                               "forked_session_wall_s": forked_wall, "result": "MISS"}
+    if len(unchanged) < 2 * n or len(slow) < n:
+        print(f"MISS: only {len(unchanged)} unchanged and {len(slow)} slowed sessions fit in "
+              f"--budget-s {args.budget_s:g}; trials need {2 * n} and {n}")
+        return figures
+    spread = pooled_spread([unchanged])
+    assert spread.sd is not None
+    measured = statistics.geometric_mean(slow) / statistics.geometric_mean(unchanged) - 1
+    how = ("host busy-wait before each step" if pool.slowdown == "host"
+           else "GPU spin kernel (torch.cuda._sleep) after each step")
+    print(f"unchanged pool: {len(unchanged)} sessions, medians "
+          f"{format_seconds(min(unchanged))} - {format_seconds(max(unchanged))}, spread between "
+          f"sessions {spread.sd * 100:.2f} % ({spread.df} df)")
+    print(f"slowed pool: {len(slow)} sessions, {how}: {format_seconds(pool.extra_seconds)} "
+          f"({args.slowdown * 100:g} % of the calibration median), measured "
+          f"{measured * 100:+.2f} %")
+    rows = trials(store_location, pool, n, count, args.seed, gate)
+    caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
+    alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"])
+    improved = sum(r["verdict"] == "improvement" for r in rows["unchanged"])
+    detectable = statistics.median(r["detectable"] for r in rows["slowed"]
+                                   if r["detectable"] is not None)
+    caught_goal, alarm_goal = math.ceil(0.95 * count), math.floor(0.05 * count)
+    print(f"trials: each draws {n} + {n} different sessions from the pools (seed {args.seed}); "
+          "trials share sessions")
+    print(f"  power for a {args.slowdown * 100:g} % slowdown: {caught}/{count} caught "
+          f"(goal >= {caught_goal}/{count}); detectable change (median) {detectable * 100:.1f} %")
+    print(f"  false alarms on unchanged code: {alarms}/{count} (goal <= {alarm_goal}/{count}); "
+          f"'improvement' on unchanged code: {improved}/{count}")
+    needed = required_sessions(spread.sd, spread.df, args.slowdown, args.threshold, args.alpha)
+    wall = calibration["wall"] if cold else forked_wall
+    if needed is None:
+        print("sessions the recipe needs: more than 50 a side at this spread")
+    else:
+        minutes = 2 * needed * (wall or 0.0) / 60
+        print(f"sessions the recipe needs at this spread: {needed} a side ({2 * needed} "
+              f"sessions, about {minutes:.1f} min at {wall or 0:.1f} s a session, before "
+              "pytest's own start-up)")
     ok = caught >= caught_goal and alarms <= alarm_goal
     print(f"result: {'PASS' if ok else 'MISS'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "device": name, "batch": batch, "step_median": step_median,
-            "extra_seconds": extra.seconds, "measured_slowdown": measured,
-            "threshold": args.threshold, "alpha": args.alpha, "rounds": args.rounds,
-            "caught": caught, "false_alarms": alarms, "trials": rows}, indent=2) + "\n")
-    return 0
+    figures.update({
+        "spread": asdict(spread), "measured_slowdown": measured, "caught": caught,
+        "false_alarms": alarms, "improvements_on_unchanged": improved, "trials": count,
+        "detectable_median": detectable, "sessions_needed": needed,
+        "recipe_minutes": None if needed is None else 2 * needed * (wall or 0.0) / 60,
+        "trial_rows": rows, "result": "PASS" if ok else "MISS"})
+    return figures
 
 
 if __name__ == "__main__":

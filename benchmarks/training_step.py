@@ -1,5 +1,6 @@
-"""The training step the overhead and power benchmarks time: a small conv net on the GPU (about
-8 ms at batch 512 on an H200), an MLP on the CPU for smoke runs."""
+"""The training steps the overhead and power benchmarks time: a small conv net on the GPU (about
+8 ms at batch 512 on an H200, GPU-bound), an MLP on the CPU for smoke runs, and ResNet-18
+(``diagnose_overhead.ResNet18``) at a small batch, which is launch-bound on a fast GPU."""
 
 from __future__ import annotations
 
@@ -24,10 +25,15 @@ def build_step(torch: Any, device: str, batch: int) -> Any:
         ).to(device, memory_format=torch.channels_last)
         inputs = torch.randn(batch, 3, 64, 64, device=device).to(
             memory_format=torch.channels_last)
-    model = model.to(device)
-    targets = torch.randint(0, 10, (batch,), device=device)
+    return sgd_step(torch, model.to(device), inputs, device)
+
+
+def sgd_step(torch: Any, model: Any, inputs: Any, device: str, classes: int = 10) -> Any:
+    """One training step of ``model`` on fixed ``inputs``: forward, cross-entropy, backward,
+    SGD with momentum."""
+    targets = torch.randint(0, classes, (inputs.shape[0],), device=device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = torch.nn.CrossEntropyLoss()
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -36,6 +42,17 @@ def build_step(torch: Any, device: str, batch: int) -> Any:
         optimizer.step()
 
     return step
+
+
+def build_resnet18_step(torch: Any, device: str, batch: int, size: int, width: int = 64) -> Any:
+    """ResNet-18 (torchvision's layout, ``width`` channels in the first stage) on a fixed fp32
+    batch of ``size`` x ``size`` images."""
+    from diagnose_overhead import ResNet18  # benchmarks/ is on sys.path
+
+    torch.manual_seed(0)
+    model = ResNet18(classes=10, width=width).to(device)
+    inputs = torch.randn(batch, 3, size, size, device=device)
+    return sgd_step(torch, model, inputs, device)
 
 
 def size_batch(torch: Any, device: str, target: tuple[float, float],

@@ -5,6 +5,8 @@
     python -m pytest_gputrain explain GT007
     python -m pytest_gputrain facts [--scope session]
     python -m pytest_gputrain schema
+    python -m pytest_gputrain history [--test NODEID]
+    python -m pytest_gputrain compare main pr-123 [--format text|md|json]
     python -m pytest_gputrain --version          (also: pytest-gputrain --version)
 """
 
@@ -189,9 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON schema of --gpu-report .json files")
     schema.set_defaults(func=cmd_schema)
 
+    from pytest_gputrain.regression.compare_command import add_compare_parser
     from pytest_gputrain.regression.history import add_history_parser
 
     add_history_parser(sub)
+    add_compare_parser(sub)
     return parser
 
 

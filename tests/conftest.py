@@ -9,6 +9,9 @@ from typing import Any
 
 import pytest
 
+# The PostgreSQL store's tests share one real server (tests/postgres_server.py).
+from postgres_server import postgres_server, postgres_url  # noqa: F401
+
 # pytester's in-process runs forget modules first imported inside them, and torch cannot be
 # imported twice in one process: import it, and the plugin's lazily loaded modules, up front.
 try:

@@ -1,4 +1,5 @@
-"""The regression gate end to end, through pytester: save, compare, outputs, options, xdist."""
+"""The regression gate end to end, through pytester: sessions saved and compared, outputs,
+options, xdist, the compare command and the CI recipe, on both store backends."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ import pytest
 
 # Imported up front: pytester's in-process runs drop modules first imported inside them.
 import pytest_gputrain.regression.benchmark
+import pytest_gputrain.regression.compare_command
+import pytest_gputrain.regression.conditions
+import pytest_gputrain.regression.gate
 import pytest_gputrain.regression.history
 import pytest_gputrain.regression.output
-import pytest_gputrain.regression.session  # noqa: F401
-from pytest_gputrain.regression.store import Store
+import pytest_gputrain.regression.store_postgres
+import pytest_gputrain.regression.store_sqlite  # noqa: F401
+from pytest_gputrain.regression.store import open_store
 
 # A conftest for the inner runs: a fake clock the step advances, so timings are exact and
-# reproducible (STEP_FACTOR scales the step, STEP_SEED varies the noise).
+# reproducible (STEP_FACTOR scales the step, STEP_SEED varies the noise of a session: each
+# seed is another session's luck).
 FAKE_CLOCK_CONFTEST = """
 import os
 import random
@@ -42,9 +48,10 @@ def fake_step(monkeypatch):
     monkeypatch.setattr(benchmark, "_clock", clock)
     factor = float(os.environ.get("STEP_FACTOR", "1"))
     rng = random.Random(int(os.environ.get("STEP_SEED", "0")))
+    session = rng.lognormvariate(0, 0.004)  # this session's luck: 0.4 % between sessions
 
     def step():
-        clock.now += 0.010 * factor * rng.lognormvariate(0, 0.02)
+        clock.now += 0.010 * factor * session * rng.lognormvariate(0, 0.02)
         return "stepped"
 
     return step
@@ -68,7 +75,8 @@ def test_plain():
 
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("GITHUB_STEP_SUMMARY", "STEP_FACTOR", "STEP_SEED"):
+    for name in ("GITHUB_STEP_SUMMARY", "STEP_FACTOR", "STEP_SEED", "GITHUB_SHA",
+                 "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -91,6 +99,15 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *args: str,
     return pytester.runpytest("-p", "no:cacheprovider", *args)
 
 
+def save_sessions(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, name: str,
+                  count: int, *args: str, factor: float = 1.0, first_seed: int = 100) -> None:
+    """``count`` sessions saved under one name (a baseline of several sessions)."""
+    for i in range(count):
+        result = run(pytester, monkeypatch, f"--gpu-save={name}", *args, factor=factor,
+                     seed=first_seed + i)
+        assert result.ret == 0, result.stdout.str()
+
+
 def test_save_then_compare_finds_regression(project: pytest.Pytester,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     saved = run(project, monkeypatch, "--gpu-save=main")
@@ -98,6 +115,7 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     assert saved.ret == 0
     saved.stdout.fnmatch_lines(["*gpu benchmarks*", "*test_steps.py::test_train*cpu*40*",
                                 "saved run #1 'main'*with 2 result(s)"])
+    save_sessions(project, monkeypatch, "main", 2)
     out = project.path / "bench.json"
     summary = project.path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -106,24 +124,29 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     slow.assert_outcomes(passed=3)
     assert slow.ret == 1
     slow.stdout.fnmatch_lines([
-        "compared with run #1 'main'*p < 0.01*step_time > 5 %*",
-        "*test*metric*baseline*current*change*p-value*verdict*",
-        "*test_steps.py::test_eval*step_time*ms*ms*+*%*REGRESSION (> 5 %)*",
-        "*test_steps.py::test_train*step_time*REGRESSION*",
+        "this session compared with 'main' runs #1, #2, #3 (3 sessions)",
+        "a regression needs a change past the threshold (step_time 5 %, peak_vram 2 %) and "
+        "p < 0.01 over sessions*",
+        "*test*metric*sessions (base/cur)*baseline*current*change*detectable*p*verdict*",
+        "*test_steps.py::test_eval*step_time*3/1*ms*ms*+*%*%*REGRESSION (> 5 %)*",
+        "*test_steps.py::test_train*step_time*3/1*REGRESSION*",
+        "REGRESSION test_steps.py::test_eval step_time: +*past the 5 % threshold, and p = *"
+        "over sessions (3 vs 1 session(s), spread *",
         "performance regression: *test_train step_time +*",
     ])
     document = json.loads(out.read_text())
     assert document["kind"] == "pytest-gputrain-benchmarks"
-    assert document["schema_version"] == 1
+    assert document["schema_version"] == 2
     assert document["failed"] is True
     assert document["summary"]["regression"] == 2
-    assert document["baseline"]["name"] == "main"
+    assert [r["name"] for r in document["baseline"]["runs"]] == ["main"] * 3
     by_test = {c["nodeid"]: c for c in document["comparisons"]}
     train = by_test["test_steps.py::test_train"]
     assert train["verdict"] == "regression"
     assert 0.07 < train["change"] < 0.13
-    assert train["p_value"] < 1e-6
-    assert train["baseline_rounds"] == 40 and train["current_rounds"] == 40
+    assert train["baseline"]["sessions"] == 3 and train["current"]["sessions"] == 1
+    assert train["spread"]["df"] == 2 and train["spread"]["df_sides"] == 2
+    assert 0.05 < train["detectable_change"] < 0.09
     assert len(document["benchmarks"]) == 2
     assert len(document["benchmarks"][0]["metrics"]["step_time"]) == 30
     markdown = summary.read_text()
@@ -132,20 +155,67 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     assert "| test_steps.py::test_train" in markdown
 
 
+def test_one_session_a_side_cannot_tell(project: pytest.Pytester,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same code in two sessions that differ by a session's luck (here 30 %), rounds tight
+    inside each: never "improvement, p = 1e-31"; the gate says it cannot tell, and what it
+    saw."""
+    run(project, monkeypatch, "--gpu-save=main")
+    out = project.path / "bench.json"
+    result = run(project, monkeypatch, "--gpu-compare=main", f"--gpu-benchmark-json={out}",
+                 factor=0.7, seed=1)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "*test_steps.py::test_train*step_time*1/1*-29.*%*–*–*cannot tell*",
+        "cannot tell (2 metric(s)): *step_time saw -29.*%, but with 1 baseline and 1 current "
+        "session(s) and no repeated sessions*Run 2 or more sessions a side*",
+        "gate passed: 2 cannot tell",
+    ])
+    assert "improved" not in result.stdout.str()
+    rows = json.loads(out.read_text())["comparisons"]
+    assert {r["verdict"] for r in rows} == {"cannot_tell"}
+    assert all(r["p_value"] is None and r["detectable_change"] is None for r in rows)
+
+
+def test_history_gives_one_session_a_detectable_change(project: pytest.Pytester,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Repeated sessions of an earlier commit tell the spread between sessions: a later
+    one-session comparison states the smallest change it could have detected."""
+    monkeypatch.setenv("GITHUB_SHA", "aaaa")
+    save_sessions(project, monkeypatch, "main", 3)
+    monkeypatch.setenv("GITHUB_SHA", "bbbb")
+    save_sessions(project, monkeypatch, "main", 1, first_seed=200)
+    out = project.path / "bench.json"
+    result = run(project, monkeypatch, "--gpu-compare=main", f"--gpu-benchmark-json={out}",
+                 seed=7)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["this session compared with run #4 'main' (*, commit bbbb)",
+                                 "*test_steps.py::test_train*step_time*1/1*%*ok*"])
+    rows = json.loads(out.read_text())["comparisons"]
+    for row in rows:
+        assert row["verdict"] == "ok"
+        assert row["spread"]["df_history"] == 2 and row["spread"]["history_groups"] == 1
+        assert row["spread"]["df_sides"] == 0
+        assert 0.05 <= row["detectable_change"] < 0.5
+    slow = run(project, monkeypatch, "--gpu-compare=main", factor=1.3, seed=8)
+    assert slow.ret == 1
+    slow.stdout.fnmatch_lines(["*test_train*step_time*1/1*+*%*REGRESSION*"])
+
+
 def test_unchanged_passes_and_latest(project: pytest.Pytester,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    assert run(project, monkeypatch, "--gpu-save=main").ret == 0
+    save_sessions(project, monkeypatch, "main", 3)
     result = run(project, monkeypatch, "--gpu-compare=latest", "--gpu-save=pr", seed=2)
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["*test_steps.py::test_train*step_time*ok*40/40*",
-                                 "gate passed: 2 ok", "saved run #2 'pr'*"])
-    with Store.open(store_path(project), create=False) as store:
-        assert [r.name for r in store.runs()] == ["pr", "main"]
+    result.stdout.fnmatch_lines(["*test_steps.py::test_train*step_time*3/1*ok*",
+                                 "gate passed: 2 ok", "saved run #4 'pr'*"])
+    with open_store(store_path(project), create=False) as store:
+        assert [r.name for r in store.runs()] == ["pr", "main", "main", "main"]
 
 
 def test_improvement_is_not_a_failure(project: pytest.Pytester,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    run(project, monkeypatch, "--gpu-save=main")
+    save_sessions(project, monkeypatch, "main", 3)
     result = run(project, monkeypatch, "--gpu-compare=main", factor=0.8, seed=3)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*test_train*step_time*-*%*improved*"])
@@ -158,7 +228,8 @@ def test_threshold_option_and_ini_twins(project: pytest.Pytester,
         gpu_save = nightly
         gpu_store = perf/store.sqlite
     """)
-    assert run(project, monkeypatch).ret == 0
+    for seed in range(3):
+        assert run(project, monkeypatch, seed=seed).ret == 0
     assert (project.path / "perf" / "store.sqlite").is_file()
     project.makeini("""
         [pytest]
@@ -169,10 +240,11 @@ def test_threshold_option_and_ini_twins(project: pytest.Pytester,
     """)
     result = run(project, monkeypatch, factor=1.10, seed=4)
     assert result.ret == 0  # +10 % is within the 20 % threshold
-    result.stdout.fnmatch_lines(["*p < 0.001*step_time > 20 %*",
+    result.stdout.fnmatch_lines(["*(step_time 20 %) and p < 0.001 over sessions*",
                                  "*test_train*step_time*ok*"])
     # The command line wins over the ini file.
-    strict = run(project, monkeypatch, "--gpu-regression=step_time:5%", factor=1.10, seed=4)
+    strict = run(project, monkeypatch, "--gpu-regression=step_time:5%", "--gpu-alpha=0.01",
+                 factor=1.10, seed=4)
     assert strict.ret == 1
 
 
@@ -183,19 +255,20 @@ def test_real_sleep_slowdown(pytester: pytest.Pytester, monkeypatch: pytest.Monk
 
         def test_step(gpu_benchmark):
             pause = float(os.environ["PAUSE"])
-            gpu_benchmark(time.sleep, pause, rounds=20, warmup=2, device="cpu")
+            gpu_benchmark(time.sleep, pause, rounds=10, warmup=1, device="cpu")
     """)
     monkeypatch.setenv("PAUSE", "0.002")
-    assert pytester.runpytest("-p", "no:cacheprovider", "--gpu-save=base").ret == 0
-    monkeypatch.setenv("PAUSE", "0.006")
+    for _ in range(3):
+        assert pytester.runpytest("-p", "no:cacheprovider", "--gpu-save=base").ret == 0
+    monkeypatch.setenv("PAUSE", "0.008")
     result = pytester.runpytest("-p", "no:cacheprovider", "--gpu-compare=base")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*test_sleep.py::test_step*step_time*REGRESSION*"])
+    result.stdout.fnmatch_lines(["*test_sleep.py::test_step*step_time*3/1*REGRESSION*"])
 
 
 def test_fingerprint_mismatch_not_comparable(project: pytest.Pytester,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    run(project, monkeypatch, "--gpu-save=main")
+    save_sessions(project, monkeypatch, "main", 3)
     connection = sqlite3.connect(store_path(project))
     for table in ("runs", "results"):
         rows = connection.execute(f"SELECT id, fingerprint FROM {table}").fetchall()
@@ -217,6 +290,57 @@ def test_fingerprint_mismatch_not_comparable(project: pytest.Pytester,
                  seed=5)
     assert forced.ret == 1
     forced.stdout.fnmatch_lines(["*test_train*step_time*REGRESSION (> 5 %) (forced)*"])
+
+
+def test_unlike_sessions_are_named(project: pytest.Pytester,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN autotuning on one side and not the other: the verdict says the sides are unlike."""
+    project.makeconftest(FAKE_CLOCK_CONFTEST + """
+
+@pytest.fixture(autouse=True)
+def cudnn_benchmark(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", os.environ.get("AUTOTUNE") == "1")
+""")
+    monkeypatch.setenv("AUTOTUNE", "0")
+    save_sessions(project, monkeypatch, "main", 3)
+    monkeypatch.setenv("AUTOTUNE", "1")
+    result = run(project, monkeypatch, "--gpu-compare=main", factor=1.2, seed=9)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*test_train*step_time*REGRESSION (> 5 %) (unlike)*",
+        "REGRESSION *test_train step_time: *; the sides are not like for like: "
+        "cudnn_benchmark: False -> True",
+        "not like for like: test_steps.py::test_train: cudnn_benchmark: False -> True",
+    ])
+
+
+def test_profiler_earlier_in_the_process_is_recorded(pytester: pytest.Pytester) -> None:
+    """A torch profiler that ran in an earlier test leaves CUPTI attached: the benchmark's
+    conditions say so. (A subprocess: the watch on torch's profiler is per process.)"""
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_profiled="""
+        import torch
+
+        def test_a_profiled_test():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+                torch.ones(4).sum()
+
+        def test_b_benchmark(gpu_benchmark):
+            result = gpu_benchmark(lambda: torch.ones(4).sum(), rounds=8, warmup=0,
+                                   device="cpu")
+            assert result.conditions["profiler_before"] is True
+            assert result.conditions["cudnn_benchmark"] is False
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["1 benchmark(s) ran after a torch profiler in the same process "
+                                 "(e.g. test_profiled.py::test_b_benchmark): kineto leaves CUPTI "
+                                 "attached*set TEARDOWN_CUPTI=1"])
+    alone = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "benchmark")
+    alone.assert_outcomes(failed=1)
+    alone.stdout.fnmatch_lines(["*assert False is True*"])
 
 
 def test_new_test_without_baseline(project: pytest.Pytester,
@@ -253,9 +377,24 @@ def test_failed_test_results_are_not_saved(pytester: pytest.Pytester,
     result = pytester.runpytest("-p", "no:cacheprovider", "--gpu-save=x")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*can time one step per test*"])
-    with Store.open(store_path(pytester), create=False) as store:
+    with open_store(store_path(pytester), create=False) as store:
         (saved,) = store.runs()
         assert list(store.results(saved.id)) == ["test_f.py::test_ok"]
+
+
+def test_plugin_start_up_stays_light(pytester: pytest.Pytester) -> None:
+    """No store backend, no torch, no pydantic at load: a plain suite pays nothing."""
+    pytester.makepyfile(test_light="""
+        import sys
+
+        def test_nothing_heavy_loaded():
+            heavy = ("torch", "pydantic", "sqlite3", "psycopg", "pytest_gputrain.regression.store",
+                     "pytest_gputrain.regression.benchmark")
+            assert [name for name in heavy if name in sys.modules] == []
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist",
+                                           "-p", "no:hypothesispytest")
+    result.assert_outcomes(passed=1)
 
 
 def test_plain_session_opens_no_store(project: pytest.Pytester,
@@ -280,6 +419,16 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
      "*10 is below gpu_benchmark_min_rounds 50*"),
     (["--gpu-benchmark-warmup=-1"], "*'-1' must be >= 0*"),
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
+    (["--gpu-store=mysql://db/x"], "*gpu_store / --gpu-store: 'mysql':// is not a store*"
+                                   "postgresql://*"),
+    (["--gpu-benchmark-disable", "--gpu-save=x"],
+     "*gpu_benchmark_disable / --gpu-benchmark-disable: measures nothing, so gpu_save*"),
+    (["--gpu-benchmark-skip", "--gpu-compare=x"],
+     "*gpu_benchmark_skip / --gpu-benchmark-skip: measures nothing, so gpu_compare*"),
+    (["--gpu-benchmark-skip", "--gpu-benchmark-disable"],
+     "*cannot be combined with gpu_benchmark_skip*"),
+    (["--gpu-save=x", "--gpu-store=postgresql://ci:pw@127.0.0.1:1/db?connect_timeout=3"],
+     "*gpu_store: cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/db*"),
 ])
 def test_bad_options_are_usage_errors(project: pytest.Pytester, args: list[str],
                                       message: str) -> None:
@@ -335,7 +484,7 @@ def test_xdist_workers_results_saved(project: pytest.Pytester) -> None:
     result.assert_outcomes(passed=9)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["saved run #1 'xdist'*with 8 result(s)"])
-    with Store.open(store_path(project), create=False) as store:
+    with open_store(store_path(project), create=False) as store:
         (saved,) = store.runs()
         results = store.results(saved.id)
     assert len(results) == 8
@@ -344,7 +493,7 @@ def test_xdist_workers_results_saved(project: pytest.Pytester) -> None:
     compared = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
                                             "--gpu-compare=xdist")
     assert compared.ret == 0
-    compared.stdout.fnmatch_lines(["gate passed: 8 ok"])
+    compared.stdout.fnmatch_lines(["gate passed: 8 cannot tell"])
 
 
 def test_history_cli(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
@@ -437,10 +586,27 @@ class _FakeTorch:
         self.cuda = _FakeCuda()
 
 
+class _FakeSampler:
+    """Stands in for the NVML sampler thread: samples at chosen times (fake clock)."""
+
+    def __init__(self, samples: list[Any]) -> None:
+        self._samples = samples
+        self.started = self.stopped = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    @property
+    def samples(self) -> list[Any]:
+        return self._samples
+
+
 def test_cuda_timer_with_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from pytest_gputrain.collect import nvml
     from pytest_gputrain.regression import benchmark
 
     torch = _FakeTorch()
@@ -455,17 +621,14 @@ def test_cuda_timer_with_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.cuda.peak = 1000 + calls[0]
         return calls[0]
 
-    samples = iter(range(10_000))
-
-    def read_sample(index: int) -> Any:
-        n = next(samples)
-        if n == 0:  # the availability probe
-            return SimpleNamespace(utilization_gpu=0.0, sm_clock=1980.0, clock_event_reasons=0)
-        return SimpleNamespace(utilization_gpu=95.0, sm_clock=1200.0 if n == 5 else 1980.0,
-                               clock_event_reasons=0x20 if n == 3 else 0x0)
-
-    monkeypatch.setattr(nvml, "read_sample", read_sample)
-    monkeypatch.setattr(nvml, "index_for_cuda_device", lambda index: 0)
+    # Host clock: 3 warm-up steps end at 0.0123 s, where the sampler starts (t = 0). A sample
+    # every 10 ms; the one at t = 0.030 s carries a thermal slowdown, the one at 0.060 s a low
+    # SM clock.
+    samples = [SimpleNamespace(t=0.010 * k, utilization_gpu=95.0,
+                               sm_clock=1200.0 if k == 6 else 1980.0,
+                               clock_event_reasons=0x20 if k == 3 else 0x0) for k in range(12)]
+    sampler = _FakeSampler(samples)
+    monkeypatch.setattr(benchmark, "open_sampler", lambda index, enabled: sampler)
     options = benchmark.BenchmarkOptions(warmup=3, min_rounds=10, max_rounds=50, max_time=0.1)
     result = benchmark._measure_cuda(torch, 0, step, (), {}, options, True, "t::cuda")
     # 10 rounds took 0.041 s of host time: 0.059 s left at 4.1 ms a round = 14 more rounds.
@@ -473,18 +636,38 @@ def test_cuda_timer_with_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls[0] == 3 + 24
     assert result.timer == "cuda_event" and result.device == "cuda:0"
     assert result.returned == 27
-    # One device synchronize after the warm-up, then only two event synchronizes.
-    assert [e for e in torch.cuda.log if e != "reset"] == [
-        "device.synchronize", "event.synchronize", "event.synchronize"]
-    assert torch.cuda.log.count("reset") == 24
+    assert sampler.started and sampler.stopped
+    # Nothing between rounds: one device synchronize after the warm-up, one peak reset before
+    # each phase, and one event synchronize at the end of each phase.
+    assert torch.cuda.log == ["device.synchronize", "reset", "event.synchronize", "reset",
+                              "event.synchronize"]
     assert result.step_time[0] == pytest.approx(0.004)
     slow_rounds = [i for i, t in enumerate(result.step_time) if t > 0.006]
     assert slow_rounds == [i - 4 for i in range(7, 28, 7) if i > 3]
-    assert result.peak_vram == [1000 + 4 + i for i in range(24)]
+    assert result.peak_vram == [1000 + 3 + 10, 1000 + 3 + 24]  # one peak per phase
     assert result.utilization == [95.0] * 24
-    assert result.throttled[2] and result.throttled[4]  # thermal bit, low SM clock
-    assert result.throttled_count == 2
-    assert len(result.clean_step_times()) == 22
+    # Each round gets the last sample before its end on the GPU's timeline (counted back from
+    # each phase's synchronisation at 0.0533 s and 0.1107 s host time, i.e. t = 0.041, 0.0984).
+    flagged = [i for i, bad in enumerate(result.throttled) if bad]
+    assert flagged and all(result.clock_event_reasons[i] == 0x20 or result.sm_clock[i] == 1200.0
+                           for i in flagged)
+    assert {result.clock_event_reasons[i] for i in range(24)} == {0x0, 0x20}
+    assert 1200.0 in result.sm_clock  # type: ignore[operator]
+    assert len(result.clean_step_times()) == 24 - len(flagged)
+
+
+def test_samples_for_rounds_counts_back_from_each_synchronisation() -> None:
+    from pytest_gputrain.regression.benchmark import samples_for_rounds
+
+    times = [0.010] * 6
+    samples = [(t, f"s{t:.2f}") for t in (0.00, 0.02, 0.04, 0.10, 0.12)]
+    # Phase 1: rounds 0-2 ended at 0.03, 0.04, 0.05 (synchronised at 0.05); phase 2: rounds 3-5
+    # ended at 0.11, 0.12, 0.13.
+    found = samples_for_rounds(times, [(0, 3, 0.05), (3, 3, 0.13)], samples)
+    assert found == ["s0.02", "s0.04", "s0.04", "s0.10", "s0.12", "s0.12"]
+    # A round that ended before the first sample gets the first one; no samples, no sample.
+    assert samples_for_rounds([0.01], [(0, 1, -1.0)], samples) == ["s0.00"]
+    assert samples_for_rounds(times, [(0, 6, 0.1)], []) == [None] * 6
 
 
 def test_cpu_timer_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -528,32 +711,33 @@ def test_device_none_without_torch_in_use_is_cpu(monkeypatch: pytest.MonkeyPatch
 
 def test_throttled_rounds_left_out_of_comparison() -> None:
     from pytest_gputrain.regression.benchmark import BenchmarkResult
-    from pytest_gputrain.regression.compare import GateSettings, compare_test
-    from pytest_gputrain.regression.store import ResultRecord
+    from pytest_gputrain.regression.compare import GateSettings, as_record, compare_test
 
     fingerprint = {"device_type": "cuda", "gpu_name": "H200"}
-    base_times = [0.010 + 0.0001 * (i % 5) for i in range(40)]
-    base = BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, base_times, [100] * 40,
-                           throttled=[False] * 40, fingerprint=fingerprint)
-    # The current run is unchanged, except that 10 rounds ran throttled and took 2x as long.
-    cur_times = [t * (2 if i < 10 else 1) for i, t in enumerate(base_times)]
-    current = BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, cur_times, [100] * 40,
-                              throttled=[i < 10 for i in range(40)], fingerprint=fingerprint)
-    record = ResultRecord("t::a", fingerprint, "", 40, base.metrics(), base.summary())
+
+    def session(scale: float, throttled: int = 0, slow_factor: float = 2.0) -> Any:
+        times = [scale * (0.010 + 0.0001 * (i % 5)) * (slow_factor if i < throttled else 1)
+                 for i in range(40)]
+        return as_record(BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, times, [100],
+                                         throttled=[i < throttled for i in range(40)],
+                                         fingerprint=fingerprint))
+
+    baseline = [session(1.0), session(1.002), session(0.998)]
     gate = GateSettings({"step_time": 0.05, "peak_vram": 0.02})
-    rows = {r.metric: r for r in compare_test(current, record, gate)}
+    # Unchanged, except that 10 rounds ran throttled and took twice as long: left out.
+    rows = {r.metric: r for r in compare_test("t::a", baseline, [session(1.0, 10)], gate)}
     assert rows["step_time"].verdict == "ok"
     assert rows["step_time"].current_throttled == 10
-    assert rows["step_time"].current_rounds == 30
     assert rows["peak_vram"].verdict == "ok"
-    # Mostly throttled: no verdict rather than a wrong one.
-    current.throttled = [i < 35 for i in range(40)]
-    rows = {r.metric: r for r in compare_test(current, record, gate)}
+    # Mostly throttled: the session has no summary, so no verdict rather than a wrong one.
+    rows = {r.metric: r for r in compare_test("t::a", baseline, [session(1.0, 35)], gate)}
     assert rows["step_time"].verdict == "insufficient_data"
-    # Without the flags the slow rounds would have counted.
-    current.throttled = [False] * 40
-    rows = {r.metric: r for r in compare_test(current, record, gate)}
-    assert rows["step_time"].current_throttled == 0
+    assert rows["step_time"].current_left_out == 1
+    # Without the flags the slow rounds count: the median moves.
+    unflagged = session(1.0, 30)
+    unflagged.metrics["throttled"] = [False] * 40
+    rows = {r.metric: r for r in compare_test("t::a", baseline, [unflagged], gate)}
+    assert rows["step_time"].verdict == "regression"
 
 
 def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
@@ -562,9 +746,193 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "*--gpu-save=NAME*", "*--gpu-compare=NAME|#ID|latest*", "*--gpu-regression=SPEC*",
         "*step_time:5%,peak_vram:2%*", "*--gpu-benchmark-json=PATH*",
+        "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
+        "*--gpu-benchmark-skip*",
     ])
     for ini in ("gpu_save", "gpu_compare", "gpu_regression", "gpu_alpha", "gpu_compare_force",
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
-                "gpu_benchmark_max_time"):
+                "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip"):
         result.stdout.fnmatch_lines([f"  {ini} (*"])
+
+
+# -- ordinary runs: --gpu-benchmark-disable and --gpu-benchmark-skip -------------------------
+
+UNTIMED_TESTS = """
+import pytest
+
+calls = []
+
+
+def step():
+    calls.append(1)
+    return "stepped"
+
+
+def test_bench(gpu_benchmark):
+    result = gpu_benchmark(step, rounds=20, warmup=3, device="cpu")
+    assert result.returned == "stepped"
+    print(f"CALLS={len(calls)} DISABLED={result.disabled} ROUNDS={result.rounds}")
+
+
+def test_asks_for_timings(gpu_benchmark):
+    result = gpu_benchmark(step, rounds=20, device="cpu")
+    if result.disabled:
+        with pytest.raises(RuntimeError, match="ran once, untimed.*--gpu-benchmark-disable"):
+            result.median
+    else:
+        assert result.median >= 0
+
+
+def test_plain():
+    pass
+"""
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_benchmark_disable_runs_each_step_once_untimed(pytester: pytest.Pytester,
+                                                       how: str) -> None:
+    pytester.makeini("[pytest]\ngpu_benchmark_disable = true\n" if how == "ini"
+                     else "[pytest]\n")
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    args = ["--gpu-benchmark-disable"] if how == "option" else []
+    result = pytester.runpytest("-p", "no:cacheprovider", "-s", *args)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*CALLS=1 DISABLED=True ROUNDS=0*"])
+    assert "gpu benchmarks" not in result.stdout.str()  # nothing timed, nothing to show
+    timed = pytester.runpytest("-p", "no:cacheprovider", "-s", "-p", "no:gputrain",
+                               "-p", "pytest_gputrain.regression.plugin") if how == "option" \
+        else None
+    if timed is not None:
+        timed.assert_outcomes(passed=3)
+        timed.stdout.fnmatch_lines(["*CALLS=23 DISABLED=False ROUNDS=20*"])
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_benchmark_skip_skips_the_benchmarks(pytester: pytest.Pytester, how: str) -> None:
+    pytester.makeini("[pytest]\ngpu_benchmark_skip = true\n" if how == "ini" else "[pytest]\n")
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    args = ["--gpu-benchmark-skip"] if how == "option" else []
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs", *args)
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*SKIPPED*uses gpu_benchmark (--gpu-benchmark-skip)*"])
+
+
+# -- python -m pytest_gputrain compare, and the CI recipe ---------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_store(request: pytest.FixtureRequest, pytester: pytest.Pytester) -> str:
+    """Where the recipe's sessions are saved: a file, or a PostgreSQL database CI shares."""
+    if request.param == "sqlite":
+        return str(pytester.path / "perf" / "benchmarks.sqlite")
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def interleaved(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, store: str,
+                sessions: int, candidate_factor: float) -> None:
+    """The CI recipe: sessions of the base and of the candidate, alternating, one store."""
+    for i in range(sessions):
+        for name, factor in (("base", 1.0), ("head", candidate_factor)):
+            result = run(pytester, monkeypatch, f"--gpu-save={name}", f"--gpu-store={store}",
+                         factor=factor, seed=1000 + 2 * i + (name == "head"))
+            assert result.ret == 0, result.stdout.str()
+
+
+def compare_main(*args: str) -> int:
+    from pytest_gputrain.cli import main
+
+    return main(["compare", *args])
+
+
+def test_recipe_catches_a_slowdown(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                   shared_store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    interleaved(project, monkeypatch, shared_store, 3, candidate_factor=1.05)
+    capsys.readouterr()
+    assert compare_main("base", "head", "--store", shared_store,
+                        "--regression", "step_time:2.5%") == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("'head' runs #2, #4, #6 (3 sessions) compared with 'base' runs "
+                               "#1, #3, #5 (3 sessions)")
+    assert "(step_time 2.5 %) and p < 0.01 over sessions" in lines[1]
+    table = "\n".join(lines)
+    for test in ("test_steps.py::test_eval", "test_steps.py::test_train"):
+        row = next(line for line in lines if line.startswith(test))
+        assert "step_time" in row and "3/3" in row and "REGRESSION (> 2.5 %)" in row
+    assert "performance regression: test_steps.py::test_eval step_time +" in table
+    assert "postgres" not in out or "***" in out or "@" not in out
+
+    assert compare_main("base", "head", "--store", shared_store, "--format", "json",
+                        "--regression", "step_time:2.5%") == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema_version"] == 2 and document["failed"] is True
+    assert {c["verdict"] for c in document["comparisons"]} == {"regression"}
+    for row in document["comparisons"]:
+        assert 0.035 < row["change"] < 0.065
+        assert row["spread"]["df_sides"] == 4
+        assert row["detectable_change"] < 0.05
+
+    assert compare_main("base", "head", "--store", shared_store, "--format", "md",
+                        "--regression", "step_time:2.5%") == 1
+    markdown = capsys.readouterr().out
+    assert markdown.startswith("## GPU performance gate\n\n**Regression** :x:")
+    assert "| test_steps.py::test_train" in markdown
+
+
+def test_recipe_passes_unchanged_code(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    interleaved(project, monkeypatch, store, 3, candidate_factor=1.0)
+    capsys.readouterr()
+    assert compare_main("base", "head", "--store", store, "--regression",
+                        "step_time:2.5%") == 0
+    out = capsys.readouterr().out
+    assert "gate passed: 2 ok" in out
+    assert "improved" not in out and "REGRESSION" not in out
+
+
+def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    assert compare_main("base", "head", "--store", store) == 2
+    assert "no benchmark store at" in capsys.readouterr().err
+    interleaved(project, monkeypatch, store, 1, candidate_factor=1.0)
+    capsys.readouterr()
+    assert compare_main("base", "nope", "--store", store) == 2
+    assert "no saved run 'nope'" in capsys.readouterr().err
+    assert compare_main("base", "base", "--store", store) == 2
+    assert "name the same sessions (runs #1)" in capsys.readouterr().err
+    assert compare_main("base", "head", "--store", store, "--regression", "speed:5%") == 2
+    assert "--regression: unknown metric 'speed'" in capsys.readouterr().err
+    assert compare_main("base", "head", "--store", store, "--alpha", "2") == 2
+    assert "--alpha: '2' must lie strictly between 0 and 0.5" in capsys.readouterr().err
+    # One session a side: it cannot tell, and passes.
+    assert compare_main("base", "head", "--store", store) == 0
+    assert "gate passed: 2 cannot tell" in capsys.readouterr().out
+    monkeypatch.chdir(project.path)
+    assert compare_main("base", "head") == 2  # no .gputrain/benchmarks.sqlite near here
+    assert "no benchmark store found" in capsys.readouterr().err
+
+
+def test_compare_command_unreachable_postgres(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "postgresql://ci:s3cret@127.0.0.1:1/bench?connect_timeout=3"
+    assert compare_main("main", "pr", "--store", url) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/bench" in err
+    assert "s3cret" not in err
+
+
+def test_plugin_saves_and_compares_in_postgres(project: pytest.Pytester,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               postgres_url: str) -> None:
+    store = f"--gpu-store={postgres_url}"
+    save_sessions(project, monkeypatch, "main", 3, store)
+    result = run(project, monkeypatch, "--gpu-compare=main", store, factor=1.2, seed=3)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["this session compared with 'main' runs #1, #2, #3 "
+                                 "(3 sessions)", "*test_train*step_time*3/1*REGRESSION*"])
+    assert not (project.path / ".gputrain").exists()
+    unknown = project.runpytest("-p", "no:cacheprovider", store, "--gpu-compare=mian")
+    assert unknown.ret == pytest.ExitCode.USAGE_ERROR
+    unknown.stderr.fnmatch_lines(["*no saved run 'mian' in postgresql://*(saved: main;*"])

@@ -1,4 +1,5 @@
-"""The benchmark store: schema, recognition of foreign files, concurrent writers; fingerprints."""
+"""The benchmark store, on both backends (SQLite and a real PostgreSQL server): schema,
+versioning, recognition of foreign stores, concurrent writers; fingerprints."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import pytest
 
 from pytest_gputrain.regression import fingerprint as fp
 from pytest_gputrain.regression.store import (
-    APPLICATION_ID,
     SCHEMA_VERSION,
+    Location,
     ResultRecord,
-    Store,
     StoreError,
+    describe,
     inspect,
+    open_store,
 )
+from pytest_gputrain.regression.store_sqlite import APPLICATION_ID
 
 FINGERPRINT = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "driver_version": "580.159.04",
                "torch_version": "2.11.0+cu130", "torch_cuda": "13.0", "cudnn_version": "91200",
@@ -38,25 +41,66 @@ def record(nodeid: str, times: list[float] | None = None, **extra: Any) -> Resul
     )
 
 
-def test_new_store_has_schema_marker_and_wal(tmp_path: Path) -> None:
-    path = tmp_path / "deep" / "benchmarks.sqlite"
-    assert inspect(path) == "missing"
-    with Store.open(path) as store:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Location:
+    """A store that does not exist yet: an SQLite file, or an empty PostgreSQL database."""
+    if request.param == "sqlite":
+        return tmp_path / "deep" / "benchmarks.sqlite"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def raw_execute(location: Location, *statements: str) -> list[Any]:
+    """Run SQL on the store behind our back (another program, a newer version); the last
+    statement's rows."""
+    rows: list[Any] = []
+    if isinstance(location, Path):
+        connection = sqlite3.connect(location)
+        try:
+            for statement in statements:
+                rows = connection.execute(statement).fetchall()
+            connection.commit()
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            connection.close()
+        return rows
+    import psycopg
+
+    with psycopg.connect(location, autocommit=True) as connection:
+        for statement in statements:
+            cursor = connection.execute(statement)  # type: ignore[arg-type]
+            rows = cursor.fetchall() if cursor.description else []
+    return rows
+
+
+def snapshot(location: Location) -> Any:
+    """Everything stored, to show that a refused store was left untouched."""
+    if isinstance(location, Path):
+        return location.read_bytes() if location.exists() else None
+    return raw_execute(
+        location,
+        "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema "
+        "NOT IN ('pg_catalog', 'information_schema') ORDER BY 1, 2")
+
+
+def test_new_store_has_schema_marker(location: Location) -> None:
+    assert inspect(location) == "missing"
+    with open_store(location) as store:
         assert store.runs() == []
-    assert inspect(path) == "ours"
-    connection = sqlite3.connect(path)
-    try:
-        assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
-        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        rows = connection.execute("SELECT application, version FROM gputrain_schema").fetchall()
-        assert rows == [("pytest-gputrain", SCHEMA_VERSION)]
-    finally:
-        connection.close()
+    assert inspect(location) == "ours"
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    rows = raw_execute(location, f"SELECT application, version FROM {prefix}gputrain_schema")
+    assert [tuple(row) for row in rows] == [("pytest-gputrain", SCHEMA_VERSION)]
+    if isinstance(location, Path):
+        connection = sqlite3.connect(location)
+        try:
+            assert connection.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+            assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            connection.close()
 
 
-def test_save_and_read_back(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    with Store.open(path) as store:
+def test_save_and_read_back(location: Location) -> None:
+    with open_store(location) as store:
         first = store.save_run("main", FINGERPRINT, "hash-a", "c0ffee",
                                [record("t.py::a"), record("t.py::b")])
         second = store.save_run("pr-1", FINGERPRINT, "hash-b", None,
@@ -67,6 +111,7 @@ def test_save_and_read_back(tmp_path: Path) -> None:
         assert runs[-1].commit == "c0ffee" and runs[-1].result_count == 2
         assert runs[-1].fingerprint == FINGERPRINT
         assert store.find_run("main").id == third  # type: ignore[union-attr]
+        assert store.find_run("main", prefer_hash="hash-a").id == first  # type: ignore[union-attr]
         assert store.find_run(f"#{first}").id == first  # type: ignore[union-attr]
         assert store.find_run("latest").id == third  # type: ignore[union-attr]
         assert store.find_run("latest", prefer_hash="hash-a").id == first  # type: ignore[union-attr]
@@ -79,46 +124,154 @@ def test_save_and_read_back(tmp_path: Path) -> None:
         assert results["t.py::a"].fingerprint_hash == fp.fingerprint_hash(FINGERPRINT)
         history = store.history("t.py::a")
         assert [run.id for run, _ in history] == [first, second, third]
+        assert [run.id for run, _ in store.history("t.py::a", limit=2)] == [second, third]
         assert store.nodeids() == ["t.py::a", "t.py::b"]
         assert [r.name for r in store.runs(name="main")] == ["main", "main"]
         assert len(store.runs(limit=1)) == 1
 
 
-def test_add_result_replaces_same_test(tmp_path: Path) -> None:
-    with Store.open(tmp_path / "b.sqlite") as store:
+def test_sessions_of_one_name_and_commit_form_a_side(location: Location) -> None:
+    """A baseline is every session of a name at its newest commit, in one environment."""
+    with open_store(location) as store:
+        old = store.save_run("main", FINGERPRINT, "h", "old", [record("t::a")])
+        a = store.save_run("main", FINGERPRINT, "h", "new", [record("t::a", [0.1] * 3)])
+        other_env = store.save_run("main", FINGERPRINT, "h2", "new", [record("t::a")])
+        b = store.save_run("main", FINGERPRINT, "h", "new", [record("t::a", [0.2] * 3)])
+        store.save_run("pr", FINGERPRINT, "h", "new", [record("t::a")])
+        side = store.select_runs("main", prefer_hash="h")
+        assert [r.id for r in side] == [b, a]
+        assert [r.id for r in store.select_runs("main", prefer_hash="h2")] == [other_env]
+        assert [r.id for r in store.select_runs(f"#{old}")] == [old]
+        grouped = store.results_of(side)
+        assert [r.metrics["step_time"][0] for r in grouped["t::a"]] == [0.1, 0.2]
+        assert store.select_runs("nope") == []
+
+
+def test_add_result_replaces_same_test(location: Location) -> None:
+    with open_store(location) as store:
         run = store.create_run("x", FINGERPRINT, "h", None)
         store.add_result(run, record("t::a", [1.0]))
         store.add_result(run, record("t::a", [2.0]))
         assert store.results(run)["t::a"].metrics["step_time"] == [2.0]
 
 
-def test_reopen_keeps_data(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    with Store.open(path) as store:
+def test_reopen_keeps_data(location: Location) -> None:
+    with open_store(location) as store:
         store.save_run("a", FINGERPRINT, "h", None, [record("t::a")])
-    with Store.open(path, create=False) as store:
+    with open_store(location, create=False) as store:
         assert [r.name for r in store.runs()] == ["a"]
 
 
-def test_open_missing_without_create(tmp_path: Path) -> None:
+def test_open_missing_without_create(location: Location) -> None:
+    before = snapshot(location)
     with pytest.raises(StoreError, match="no benchmark store"):
-        Store.open(tmp_path / "none.sqlite", create=False)
-    assert not (tmp_path / "none.sqlite").exists()
+        open_store(location, create=False)
+    assert snapshot(location) == before
 
 
-def test_empty_file_is_adopted(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    path.write_bytes(b"")
-    assert inspect(path) == "empty"
-    with Store.open(path) as store:
+def test_newer_schema_refused_untouched(location: Location) -> None:
+    with open_store(location) as store:
+        store.save_run("a", FINGERPRINT, "h", None, [record("t::a")])
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    raw_execute(location, f"UPDATE {prefix}gputrain_schema SET version = {SCHEMA_VERSION + 1}")
+    before = snapshot(location)
+    with pytest.raises(StoreError, match="newer pytest-gputrain"):
+        open_store(location)
+    with pytest.raises(StoreError, match="newer pytest-gputrain"):
+        inspect(location)
+    assert snapshot(location) == before
+    rows = raw_execute(location, f"SELECT COUNT(*) FROM {prefix}runs")
+    assert rows[0][0] == 1  # the saved run is still there
+
+
+def test_foreign_tables_refused_untouched(location: Location) -> None:
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+        raw_execute(location, "CREATE TABLE customers (id INTEGER, name TEXT)",
+                    "INSERT INTO customers VALUES (1, 'Ada')")
+    else:
+        raw_execute(location, "CREATE SCHEMA gputrain",
+                    "CREATE TABLE gputrain.customers (id INTEGER, name TEXT)",
+                    "INSERT INTO gputrain.customers VALUES (1, 'Ada')")
+    before = snapshot(location)
+    with pytest.raises(StoreError, match=r"did not write.*customers"):
+        open_store(location)
+    with pytest.raises(StoreError, match=r"did not write.*customers"):
+        inspect(location)
+    assert snapshot(location) == before
+
+
+def test_empty_store_is_adopted(location: Location) -> None:
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+        location.write_bytes(b"")
+    else:
+        raw_execute(location, "CREATE SCHEMA gputrain")
+    assert inspect(location) == "empty"
+    with open_store(location) as store:
         store.save_run("a", FINGERPRINT, "h", None, [])
-    assert inspect(path) == "ours"
+    assert inspect(location) == "ours"
+
+
+def _writer(location: Location, worker: int, shared_run: int, count: int) -> None:
+    with open_store(location) as store:
+        own = store.create_run(f"writer-{worker}", FINGERPRINT, "h", None)
+        for i in range(count):
+            store.add_result(own, record(f"t.py::test_{i}"))
+            store.add_result(shared_run, record(f"t.py::w{worker}_{i}"))
+        store.save_run(f"whole-{worker}", FINGERPRINT, "h", None,
+                       [record(f"t.py::x{i}") for i in range(count)])
+
+
+def test_concurrent_writers_lose_nothing(location: Location) -> None:
+    with open_store(location) as store:
+        shared_run = store.create_run("shared", FINGERPRINT, "h", None)
+    context = multiprocessing.get_context("spawn")
+    workers, count = 6, 25
+    processes = [context.Process(target=_writer, args=(location, w, shared_run, count))
+                 for w in range(workers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    with open_store(location, create=False) as store:
+        runs = {run.name: run for run in store.runs()}
+        assert len(runs) == 2 * workers + 1
+        assert runs["shared"].result_count == workers * count
+        for w in range(workers):
+            assert runs[f"writer-{w}"].result_count == count
+            assert runs[f"whole-{w}"].result_count == count
+        assert len(store.results(shared_run)) == workers * count
+
+
+def _first_open(location: Location, worker: int) -> None:
+    with open_store(location) as store:
+        store.save_run(f"p{worker}", FINGERPRINT, "h", None, [record("t::a")])
+
+
+def test_concurrent_first_open_of_a_new_store(location: Location) -> None:
+    """Several processes creating the same new store at once: one schema, every run saved."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_first_open, args=(location, w)) for w in range(5)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    with open_store(location, create=False) as store:
+        assert sorted(r.name for r in store.runs()) == [f"p{w}" for w in range(5)]
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    assert raw_execute(location, f"SELECT COUNT(*) FROM {prefix}gputrain_schema")[0][0] == 1
+
+
+# -- SQLite: a file that is not ours ---------------------------------------------------------
 
 
 def _assert_refused_untouched(path: Path, match: str) -> None:
     before = path.read_bytes()
     with pytest.raises(StoreError, match=match):
-        Store.open(path)
+        open_store(path)
     with pytest.raises(StoreError, match=match):
         inspect(path)
     assert path.read_bytes() == before
@@ -137,16 +290,6 @@ def test_corrupt_sqlite_refused_untouched(tmp_path: Path) -> None:
     _assert_refused_untouched(path, "corrupt")
 
 
-def test_foreign_sqlite_refused_untouched(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    connection = sqlite3.connect(path)
-    connection.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
-    connection.execute("INSERT INTO customers VALUES (1, 'Ada')")
-    connection.commit()
-    connection.close()
-    _assert_refused_untouched(path, "did not write.*customers")
-
-
 def test_foreign_application_id_refused(tmp_path: Path) -> None:
     path = tmp_path / "b.sqlite"
     connection = sqlite3.connect(path)
@@ -158,78 +301,69 @@ def test_foreign_application_id_refused(tmp_path: Path) -> None:
     _assert_refused_untouched(path, "did not write")
 
 
-def test_newer_schema_refused_untouched(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    with Store.open(path) as store:
-        store.save_run("a", FINGERPRINT, "h", None, [record("t::a")])
-    connection = sqlite3.connect(path)
-    connection.execute("UPDATE gputrain_schema SET version = ?", (SCHEMA_VERSION + 1,))
-    connection.commit()
-    connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    connection.close()
-    before = path.read_bytes()
-    with pytest.raises(StoreError, match="newer pytest-gputrain"):
-        Store.open(path)
-    assert path.read_bytes() == before
-
-
 def test_directory_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="directory"):
-        Store.open(tmp_path)
+        open_store(tmp_path)
 
 
-def _writer(path: str, worker: int, shared_run: int, count: int) -> None:
-    with Store.open(Path(path)) as store:
-        own = store.create_run(f"writer-{worker}", FINGERPRINT, "h", None)
-        for i in range(count):
-            store.add_result(own, record(f"t.py::test_{i}"))
-            store.add_result(shared_run, record(f"t.py::w{worker}_{i}"))
+# -- PostgreSQL: URLs, servers, passwords ------------------------------------------------------
 
 
-def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "b.sqlite"
-    with Store.open(path) as store:
-        shared_run = store.create_run("shared", FINGERPRINT, "h", None)
-    context = multiprocessing.get_context("spawn")
-    workers, count = 6, 25
-    processes = [context.Process(target=_writer, args=(str(path), w, shared_run, count))
-                 for w in range(workers)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
-    with Store.open(path, create=False) as store:
-        runs = {run.name: run for run in store.runs()}
-        assert len(runs) == workers + 1
-        assert runs["shared"].result_count == workers * count
-        for w in range(workers):
-            assert runs[f"writer-{w}"].result_count == count
-        assert len(store.results(shared_run)) == workers * count
+def test_postgres_in_its_own_schema_beside_other_data(postgres_url: str) -> None:
+    """A shared database may hold anything else: our tables live in the gputrain schema."""
+    raw_execute(postgres_url, "CREATE TABLE public.runs (id INTEGER, secret TEXT)",
+                "INSERT INTO public.runs VALUES (1, 'theirs')")
+    with open_store(postgres_url) as store:
+        store.save_run("main", FINGERPRINT, "h", "c", [record("t::a")])
+        assert [r.name for r in store.runs()] == ["main"]
+    assert raw_execute(postgres_url, "SELECT * FROM public.runs") == [(1, "theirs")]
 
 
-def test_concurrent_first_open_of_a_new_file(tmp_path: Path) -> None:
-    """Several processes creating the same new store at once: one schema, every run saved."""
-    path = tmp_path / "new.sqlite"
-    context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_first_open, args=(str(path), w)) for w in range(5)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=120)
-        assert process.exitcode == 0
-    with Store.open(path, create=False) as store:
-        assert sorted(r.name for r in store.runs()) == [f"p{w}" for w in range(5)]
-    connection = sqlite3.connect(path)
-    try:
-        assert connection.execute("SELECT COUNT(*) FROM gputrain_schema").fetchone()[0] == 1
-    finally:
-        connection.close()
+def test_postgres_url_forms(postgres_server: Any) -> None:
+    """postgres:// is accepted too, and libpq parameters ride in the query."""
+    uri = str(postgres_server.get_uri())
+    with open_store(uri.replace("postgresql://", "postgres://", 1)) as store:
+        assert store.runs() == []
+    with open_store(uri + "&connect_timeout=5&application_name=gputrain-test") as store:
+        assert store.runs() == []
 
 
-def _first_open(path: str, worker: int) -> None:
-    with Store.open(Path(path)) as store:
-        store.save_run(f"p{worker}", FINGERPRINT, "h", None, [record("t::a")])
+def test_postgres_unreachable_server_is_a_clear_error() -> None:
+    url = "postgresql://ci:hunter2@127.0.0.1:1/benchmarks?connect_timeout=3"
+    with pytest.raises(StoreError) as caught:
+        open_store(url)
+    text = str(caught.value)
+    assert text.startswith("cannot connect to the PostgreSQL store "
+                           "postgresql://ci:***@127.0.0.1:1/benchmarks")
+    assert "hunter2" not in text
+
+
+@pytest.mark.parametrize("url", ["postgresql://host:notaport/db",
+                                 "postgresql://h/db?nonsense_option=1"])
+def test_postgres_bad_url_is_a_clear_error(url: str) -> None:
+    with pytest.raises(StoreError, match=r"not a valid PostgreSQL URL|cannot connect"):
+        open_store(url)
+
+
+def test_postgres_unknown_database(postgres_server: Any) -> None:
+    with pytest.raises(StoreError, match=r"cannot connect.*does not exist"):
+        open_store(str(postgres_server.get_uri("no_such_database")))
+
+
+def test_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    with pytest.raises(StoreError, match=r"pip install 'pytest-gputrain\[postgres\]'"):
+        open_store("postgresql://localhost/db")
+
+
+def test_describe_hides_passwords() -> None:
+    assert describe("postgresql://u:pw@h:5/db?sslmode=require") == \
+        "postgresql://u:***@h:5/db?sslmode=require"
+    assert describe("postgresql://h/db?password=pw&user=u") == \
+        "postgresql://h/db?password=***&user=u"
+    assert describe(Path("a/b.sqlite")) == "a/b.sqlite"
 
 
 # -- fingerprints --------------------------------------------------------------------------

@@ -4,10 +4,18 @@ On CUDA each round is bracketed by two CUDA events recorded on the current strea
 is the GPU's time between them; rounds are not synchronised one by one (a training loop does not
 synchronise either, so the steady-state step time is what gets measured). The host waits twice:
 once after ``min_rounds`` to size the rest of the run from ``max_time``, and once at the end,
-on the last end event, before reading ``elapsed_time`` of every pair. Per round the fixture also
-records the peak allocated memory (``torch.cuda.max_memory_allocated``, its peak reset before
-each round) and an NVML sample taken as the round's work is queued: utilization, SM clock and
-clock event reasons, from which throttled rounds are flagged.
+on the last end event, before reading ``elapsed_time`` of every pair.
+
+Nothing else happens between rounds: on a launch-bound step the host thread *is* the critical
+path, so per-round bookkeeping would be measured as part of the step. NVML is read by a sampler
+thread (utilization, SM clock, clock event reasons every ``SAMPLE_INTERVAL_S``), and each round
+is given the sample nearest its place on the GPU's timeline afterwards (from the rounds'
+durations counted back from each synchronisation); throttled rounds are flagged from those. Peak
+allocated memory is read at the two synchronisations (``torch.cuda.max_memory_allocated``, reset
+after the warm-up and after the first read), so ``peak_vram`` has one value per phase.
+
+Each result also records the conditions of its process (``conditions``: cuDNN autotuning, TF32,
+an earlier profiler, the SM clock) that make two sessions of the same code unlike.
 
 On the CPU (no CUDA, or ``device="cpu"``) the host timer ``time.perf_counter`` brackets each call.
 
@@ -16,18 +24,25 @@ Import is light: torch and NVML are imported on first use.
 
 from __future__ import annotations
 
+import bisect
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_gputrain.regression import stats
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)
 
 METRICS = ("step_time", "peak_vram")
-METRIC_UNITS = {"step_time": "s", "peak_vram": "bytes"}
+# The sampler thread holds the GIL briefly at every sample; on a launch-bound step that is
+# time taken from the step, so samples stay few (13 rounds of a 7.5 ms step per sample).
+SAMPLE_INTERVAL_S = 0.1
+
+
+class BenchmarkDisabledError(RuntimeError):
+    """Timings were asked of a benchmark that ran untimed (``--gpu-benchmark-disable``)."""
 
 
 @dataclass(frozen=True)
@@ -78,12 +93,14 @@ class BenchmarkResult:
     """One benchmark: per-round measurements plus summaries. Times in seconds, memory in bytes.
 
     Per-round lists have one entry a round; NVML values are ``None`` where no sample answered.
-    ``throttled[i]`` marks rounds left out of step-time comparisons.
+    ``throttled[i]`` marks rounds left out of step-time comparisons. ``peak_vram`` has one value
+    per phase of the run (see the module docstring). A ``disabled`` result (the step called once,
+    untimed) has no rounds, and its statistics raise ``BenchmarkDisabledError``.
     """
 
     nodeid: str
     device: str
-    timer: str  # "cuda_event" | "perf_counter"
+    timer: str  # "cuda_event" | "perf_counter" | "untimed"
     warmup: int
     step_time: list[float]
     peak_vram: list[int] | None = None
@@ -92,6 +109,8 @@ class BenchmarkResult:
     clock_event_reasons: list[int | None] | None = None
     throttled: list[bool] = field(default_factory=list)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    conditions: dict[str, Any] = field(default_factory=dict)
+    disabled: bool = False
     returned: Any = field(default=None, repr=False, compare=False)  # the step's last value
 
     @property
@@ -102,35 +121,47 @@ class BenchmarkResult:
     def throttled_count(self) -> int:
         return sum(self.throttled)
 
+    def _times(self) -> list[float]:
+        if self.disabled:
+            raise BenchmarkDisabledError(
+                f"{self.nodeid or 'gpu_benchmark'}: the step ran once, untimed "
+                "(--gpu-benchmark-disable), so there are no timings; check result.disabled "
+                "before asserting on them")
+        if not self.step_time:
+            raise ValueError("the benchmark has no timed rounds")
+        return self.step_time
+
     def clean_step_times(self) -> list[float]:
         """Step times of the rounds that were not throttled."""
+        times = self._times()
         if not self.throttled:
-            return list(self.step_time)
-        return [t for t, bad in zip(self.step_time, self.throttled, strict=False) if not bad]
+            return list(times)
+        return [t for t, bad in zip(times, self.throttled, strict=False) if not bad]
 
     @property
     def median(self) -> float:
-        return stats.median(self.step_time)
+        return stats.median(self._times())
 
     @property
     def mean(self) -> float:
-        return stats.mean(self.step_time)
+        return stats.mean(self._times())
 
     @property
     def stdev(self) -> float:
-        return stats.stdev(self.step_time)
+        return stats.stdev(self._times())
 
     @property
     def min(self) -> float:
-        return min(self.step_time)
+        return min(self._times())
 
     @property
     def max(self) -> float:
-        return max(self.step_time)
+        return max(self._times())
 
     @property
     def iqr(self) -> float:
-        return stats.quantile(self.step_time, 0.75) - stats.quantile(self.step_time, 0.25)
+        low, _, high = stats.quartiles(self._times())
+        return high - low
 
     @property
     def peak_vram_max(self) -> int | None:
@@ -144,7 +175,7 @@ class BenchmarkResult:
     def metric(self, name: str, *, clean: bool = True) -> list[float] | None:
         """A metric's per-round values (step times without throttled rounds when ``clean``)."""
         if name == "step_time":
-            return self.clean_step_times() if clean else list(self.step_time)
+            return self.clean_step_times() if clean else list(self._times())
         if name == "peak_vram":
             return [float(v) for v in self.peak_vram] if self.peak_vram else None
         raise KeyError(name)
@@ -164,6 +195,7 @@ class BenchmarkResult:
             },
             "peak_vram": None,
             "utilization_mean": self.utilization_mean,
+            "conditions": dict(self.conditions),
         }
         if self.peak_vram:
             out["peak_vram"] = {"median": stats.median([float(v) for v in self.peak_vram]),
@@ -204,6 +236,7 @@ class BenchmarkResult:
             clock_event_reasons=metrics.get("clock_event_reasons"),
             throttled=[bool(v) for v in metrics.get("throttled") or []],
             fingerprint=dict(record.get("fingerprint") or {}),
+            conditions=dict(summary.get("conditions") or {}),
         )
 
 
@@ -239,33 +272,53 @@ def resolve_device(device: object) -> tuple[str, Any]:
     return f"cuda:{torch.cuda.current_device() if index is None else index}", torch
 
 
-class _NvmlRounds:
-    """Per-round NVML samples of one GPU; silent (all None) when NVML cannot answer."""
+class RoundSampler(Protocol):
+    """What the CUDA timer needs of a sampler (``collect.sampler.NvmlSampler`` has it)."""
 
-    def __init__(self, cuda_index: int, enabled: bool) -> None:
-        self.utilization: list[float | None] = []
-        self.sm_clock: list[float | None] = []
-        self.reasons: list[int | None] = []
-        self._read: Callable[[], Any] | None = None
-        if not enabled:
-            return
-        try:
-            from pytest_gputrain.collect.nvml import index_for_cuda_device, read_sample
-        except Exception:
-            return
-        nvml_index = index_for_cuda_device(cuda_index)
-        if nvml_index is not None and read_sample(nvml_index) is not None:
-            self._read = lambda: read_sample(nvml_index)
+    def start(self) -> Any: ...
 
-    def sample(self) -> None:
-        reading = self._read() if self._read is not None else None
-        self.utilization.append(getattr(reading, "utilization_gpu", None))
-        self.sm_clock.append(getattr(reading, "sm_clock", None))
-        self.reasons.append(getattr(reading, "clock_event_reasons", None))
+    def stop(self) -> Any: ...
 
     @property
-    def active(self) -> bool:
-        return self._read is not None
+    def samples(self) -> list[Any]: ...
+
+
+def open_sampler(cuda_index: int, enabled: bool) -> RoundSampler | None:
+    """An NVML sampler thread for torch's ``cuda:<cuda_index>``; None when NVML cannot answer."""
+    if not enabled:
+        return None
+    try:
+        from pytest_gputrain.collect import nvml
+        from pytest_gputrain.collect.sampler import NvmlSampler
+    except Exception:
+        return None
+    nvml_index = nvml.index_for_cuda_device(cuda_index)
+    if nvml_index is None or nvml.read_sample(nvml_index) is None:
+        return None
+    return NvmlSampler(nvml_index, interval=SAMPLE_INTERVAL_S)
+
+
+def samples_for_rounds(times: list[float], phases: list[tuple[int, int, float]],
+                       samples: list[tuple[float, Any]]) -> list[Any]:
+    """The sample nearest each round's place on the GPU's timeline.
+
+    ``phases`` are ``(first round, round count, host time when the phase's last round was
+    synchronised)``: within a phase the GPU ran the rounds back to back, so round ``i`` ended
+    about the durations of the later rounds before that synchronisation. ``samples`` are
+    ``(host time, sample)`` in time order. Each round gets the last sample taken before it ended
+    (the first sample when none was), or None when there are no samples.
+    """
+    if not samples:
+        return [None] * len(times)
+    moments = [t for t, _ in samples]
+    found: list[Any] = [None] * len(times)
+    for first, count, synced in phases:
+        end = synced
+        for i in range(first + count - 1, first - 1, -1):
+            index = bisect.bisect_right(moments, end) - 1
+            found[i] = samples[max(index, 0)][1]
+            end -= times[i]
+    return found
 
 
 def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
@@ -273,19 +326,34 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
             device: object = None, nvml: bool = True, nodeid: str = "",
             fingerprint: bool = True) -> BenchmarkResult:
     """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds; see the module docstring."""
+    from pytest_gputrain.regression import conditions
+
     options = options or BenchmarkOptions()
     kwargs = kwargs or {}
     name, torch = resolve_device(device)
     if torch is None:
         result = _measure_host(fn, args, kwargs, options, nodeid)
+        result.conditions = conditions.read(sys.modules.get("torch"))
     else:
         result = _measure_cuda(torch, int(name.split(":")[1]), fn, args, kwargs, options, nvml,
                                nodeid)
+        clocks = [c for c in result.sm_clock or [] if c is not None]
+        result.conditions = conditions.read(torch)
+        result.conditions["sm_clock_median"] = stats.median(clocks) if clocks else None
     if fingerprint:
         from pytest_gputrain.regression.fingerprint import collect
 
         result.fingerprint = collect(name)
     return result
+
+
+def run_untimed(fn: Callable[..., Any], args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None, *, nodeid: str = "") -> BenchmarkResult:
+    """Call the step once, untimed (``--gpu-benchmark-disable``): the test still checks that
+    its step runs, and returns what the step returned."""
+    returned = fn(*args, **(kwargs or {}))
+    return BenchmarkResult(nodeid=nodeid, device="untimed", timer="untimed", warmup=0,
+                           step_time=[], disabled=True, returned=returned)
 
 
 def _measure_host(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -315,43 +383,56 @@ def _measure_cuda(torch: Any, index: int, fn: Callable[..., Any], args: tuple[An
         for _ in range(options.warmup):
             returned = fn(*args, **kwargs)
         cuda.synchronize()
-        sampler = _NvmlRounds(index, nvml)
+        sampler = open_sampler(index, nvml)
+        origin = _clock()
+        if sampler is not None:
+            sampler.start()
         starts = [cuda.Event(enable_timing=True) for _ in range(options.max_rounds)]
         ends = [cuda.Event(enable_timing=True) for _ in range(options.max_rounds)]
-        peaks: list[int] = []
-
-        def one_round(i: int) -> Any:
-            cuda.reset_peak_memory_stats(index)
-            starts[i].record()
-            value = fn(*args, **kwargs)
-            ends[i].record()
-            peaks.append(int(cuda.max_memory_allocated(index)))
-            sampler.sample()
-            return value
+        cuda.reset_peak_memory_stats(index)
 
         started = _clock()
         for i in range(options.min_rounds):
-            returned = one_round(i)
+            starts[i].record()
+            returned = fn(*args, **kwargs)
+            ends[i].record()
         ends[options.min_rounds - 1].synchronize()
-        spent = _clock() - started
+        synced = _clock()
+        phases = [(0, options.min_rounds, synced)]
+        peaks = [int(cuda.max_memory_allocated(index))]
+        spent = synced - started
         extra = 0
         if options.max_rounds > options.min_rounds:
             per_round = max(spent / options.min_rounds, 1e-9)
             extra = int(max(options.max_time - spent, 0.0) / per_round)
             extra = min(extra, options.max_rounds - options.min_rounds)
-        for i in range(options.min_rounds, options.min_rounds + extra):
-            returned = one_round(i)
+        if extra:
+            cuda.reset_peak_memory_stats(index)
+            for i in range(options.min_rounds, options.min_rounds + extra):
+                starts[i].record()
+                returned = fn(*args, **kwargs)
+                ends[i].record()
+            ends[options.min_rounds + extra - 1].synchronize()
+            phases.append((options.min_rounds, extra, _clock()))
+            peaks.append(int(cuda.max_memory_allocated(index)))
         count = options.min_rounds + extra
-        ends[count - 1].synchronize()
         times = [starts[i].elapsed_time(ends[i]) / 1000.0 for i in range(count)]
-    reasons = sampler.reasons if sampler.active else []
-    clocks = sampler.sm_clock if sampler.active else []
-    throttled = stats.throttled_rounds(reasons, clocks) if sampler.active else [False] * count
+    samples: list[tuple[float, Any]] = []
+    if sampler is not None:
+        sampler.stop()
+        samples = [(origin + float(s.t), s) for s in sampler.samples]
+    round_samples = samples_for_rounds(times, phases, samples)
+    active = bool(samples)
+    reasons = [getattr(s, "clock_event_reasons", None) for s in round_samples]
+    clocks = [getattr(s, "sm_clock", None) for s in round_samples]
+    throttled = stats.throttled_rounds(reasons, clocks) if active else [False] * count
     return BenchmarkResult(
         nodeid=nodeid, device=f"cuda:{index}", timer="cuda_event", warmup=options.warmup,
         step_time=times, peak_vram=peaks,
-        utilization=sampler.utilization if sampler.active else None,
-        sm_clock=clocks or None, clock_event_reasons=reasons or None,
+        utilization=([getattr(s, "utilization_gpu", None) for s in round_samples] if active
+                     else None),
+        sm_clock=clocks if active else None,
+        clock_event_reasons=reasons if active else None,
         throttled=throttled, returned=returned,
     )
 
@@ -360,12 +441,15 @@ class GpuBenchmark:
     """The ``gpu_benchmark`` fixture: call it once with the step to time.
 
     ``gpu_benchmark(step, *args, rounds=50, warmup=5)`` returns a ``BenchmarkResult``; the
-    result is kept for the session's table, ``--gpu-save`` and ``--gpu-compare``.
+    result is kept for the session's table, ``--gpu-save`` and ``--gpu-compare``. With
+    ``disabled`` (``--gpu-benchmark-disable``) the step is called once, untimed.
     """
 
-    def __init__(self, nodeid: str, defaults: BenchmarkOptions | None = None) -> None:
+    def __init__(self, nodeid: str, defaults: BenchmarkOptions | None = None, *,
+                 disabled: bool = False) -> None:
         self.nodeid = nodeid
         self.defaults = defaults or BenchmarkOptions()
+        self.disabled = disabled
         self.result: BenchmarkResult | None = None
 
     def __call__(self, fn: Callable[..., Any], *args: Any, rounds: int | None = None,
@@ -381,6 +465,9 @@ class GpuBenchmark:
                             "itself, e.g. gpu_benchmark(train_step, batch)")
         options = self.defaults.override(rounds=rounds, warmup=warmup, min_rounds=min_rounds,
                                          max_rounds=max_rounds, max_time=max_time)
-        self.result = measure(fn, args, kwargs, options=options, device=device, nvml=nvml,
-                              nodeid=self.nodeid)
+        if self.disabled:
+            self.result = run_untimed(fn, args, kwargs, nodeid=self.nodeid)
+        else:
+            self.result = measure(fn, args, kwargs, options=options, device=device, nvml=nvml,
+                                  nodeid=self.nodeid)
         return self.result

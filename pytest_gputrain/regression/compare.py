@@ -1,29 +1,47 @@
-"""Comparing this session's benchmarks with a saved baseline run, test by test, metric by metric.
+"""Comparing the sessions of two sides, test by test, metric by metric.
 
-Per test: the fingerprints are compared first (different strict fields: "not comparable", unless
-forced), throttled rounds are left out of step times, then ``stats.compare_samples`` decides.
+A side is one or more sessions (saved runs, or this pytest session) of one code version. Per
+test: the fingerprints are compared first (different strict fields: "not comparable", unless
+forced); each session is summarised by one value per metric (step time: the median of its
+clean rounds; peak VRAM: its largest peak); then ``stats.compare_sessions`` decides over the
+sessions, with the spread between sessions taken from each side's replicate sessions and from
+the store's history of the test in the same environment. The conditions of the sessions
+(cuDNN autotuning, an earlier profiler, clocks) are compared too, and a difference is named in
+the verdict: such sides are not like for like.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_gputrain.regression import stats
+from pytest_gputrain.regression import conditions, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
-from pytest_gputrain.regression.fingerprint import FieldDifference, differences
+from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
-Verdict = Literal["regression", "improvement", "ok", "insufficient_data", "not_comparable", "new"]
+if TYPE_CHECKING:
+    from pytest_gputrain.regression.store import Store
+
+Verdict = Literal["regression", "improvement", "ok", "cannot_tell", "insufficient_data",
+                  "not_comparable", "new"]
+VERDICTS: tuple[Verdict, ...] = ("regression", "improvement", "ok", "cannot_tell",
+                                 "insufficient_data", "not_comparable", "new")
 VERDICT_LABELS: dict[str, str] = {
     "regression": "REGRESSION",
     "improvement": "improved",
     "ok": "ok",
+    "cannot_tell": "cannot tell",
     "insufficient_data": "insufficient data",
     "not_comparable": "not comparable",
     "new": "new (no baseline)",
 }
 DEFAULT_ALPHA = 0.01
+# The history read for one test: its newest results in the same environment.
+HISTORY_LIMIT = 200
+
+History = Callable[[str, str], list[list[ResultRecord]]]
 
 
 @dataclass(frozen=True)
@@ -39,51 +57,72 @@ class MetricComparison:
     metric: str
     verdict: Verdict
     threshold: float | None
-    baseline_median: float | None = None
-    current_median: float | None = None
+    baseline_value: float | None = None  # mean of the sessions' summaries
+    current_value: float | None = None
+    baseline_values: tuple[float, ...] = ()  # one summary per usable session
+    current_values: tuple[float, ...] = ()
     change: float | None = None
     p_value: float | None = None
-    method: str | None = None
-    shift: float | None = None  # Hodges–Lehmann shift, metric units
-    shift_low: float | None = None
-    shift_high: float | None = None
-    baseline_rounds: int = 0  # rounds used
-    current_rounds: int = 0
-    baseline_throttled: int = 0  # rounds left out
+    detectable: float | None = None
+    spread: float | None = None
+    spread_df: int = 0
+    spread_df_sides: int = 0
+    spread_df_history: int = 0
+    history_groups: int = 0
+    baseline_left_out: int = 0  # sessions with too few clean rounds
+    current_left_out: int = 0
+    baseline_throttled: int = 0  # throttled rounds left out, over all sessions
     current_throttled: int = 0
     reason: str = ""
     differences: tuple[FieldDifference, ...] = ()
+    unlike: tuple[str, ...] = ()
     forced: bool = False
 
     @property
     def label(self) -> str:
         return VERDICT_LABELS[self.verdict]
 
+    @property
+    def baseline_sessions(self) -> int:
+        return len(self.baseline_values)
+
+    @property
+    def current_sessions(self) -> int:
+        return len(self.current_values)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "nodeid": self.nodeid, "metric": self.metric, "verdict": self.verdict,
-            "threshold": self.threshold, "baseline_median": self.baseline_median,
-            "current_median": self.current_median, "change": self.change,
-            "p_value": self.p_value, "method": self.method,
-            "hodges_lehmann_shift": self.shift,
-            "shift_interval": (None if self.shift_low is None
-                               else [self.shift_low, self.shift_high]),
-            "baseline_rounds": self.baseline_rounds, "current_rounds": self.current_rounds,
-            "baseline_throttled": self.baseline_throttled,
-            "current_throttled": self.current_throttled, "reason": self.reason,
+            "threshold": self.threshold,
+            "baseline": {"sessions": self.baseline_sessions, "value": self.baseline_value,
+                         "values": list(self.baseline_values),
+                         "left_out": self.baseline_left_out,
+                         "throttled_rounds": self.baseline_throttled},
+            "current": {"sessions": self.current_sessions, "value": self.current_value,
+                        "values": list(self.current_values),
+                        "left_out": self.current_left_out,
+                        "throttled_rounds": self.current_throttled},
+            "change": self.change, "p_value": self.p_value,
+            "detectable_change": self.detectable,
+            "spread": {"relative_sd": self.spread, "df": self.spread_df,
+                       "df_sides": self.spread_df_sides, "df_history": self.spread_df_history,
+                       "history_groups": self.history_groups},
+            "reason": self.reason,
             "fingerprint_differences": [d.to_json() for d in self.differences],
-            "forced": self.forced,
+            "unlike": list(self.unlike), "forced": self.forced,
         }
 
 
 @dataclass
 class GateReport:
-    """Everything the outputs show about this session's benchmarks."""
+    """Everything the outputs show about one comparison (and this session's benchmarks)."""
 
     settings: GateSettings
     benchmarks: list[BenchmarkResult] = field(default_factory=list)
     compare_spec: str | None = None
-    baseline: RunInfo | None = None
+    baseline_runs: list[RunInfo] = field(default_factory=list)
+    current_runs: list[RunInfo] = field(default_factory=list)  # empty: this pytest session
+    current_spec: str | None = None
     comparisons: list[MetricComparison] = field(default_factory=list)
     saved_run: RunInfo | None = None
     save_name: str | None = None
@@ -111,87 +150,169 @@ class GateReport:
         return found
 
 
-def _values(record: ResultRecord, metric: str) -> tuple[list[float] | None, int]:
+def as_record(result: BenchmarkResult) -> ResultRecord:
+    """This session's benchmark in the store's shape."""
+    return ResultRecord(result.nodeid, result.fingerprint, fingerprint_hash(result.fingerprint),
+                        result.rounds, result.metrics(), result.summary())
+
+
+def session_value(record: ResultRecord, metric: str) -> tuple[float | None, int]:
+    """One session's summary of a metric, and how many throttled rounds it left out.
+
+    Step time: the median of the clean rounds (None with fewer than ``stats.MIN_ROUNDS``);
+    peak VRAM: the largest peak of the session.
+    """
     values = record.metrics.get(metric)
     if not values:
         return None, 0
+    numbers = [float(v) for v in values]
     if metric != "step_time":
-        return [float(v) for v in values], 0
+        return max(numbers), 0
     throttled = record.metrics.get("throttled") or []
-    if len(throttled) != len(values):
-        return [float(v) for v in values], 0
-    kept = [float(v) for v, bad in zip(values, throttled, strict=True) if not bad]
-    return kept, len(values) - len(kept)
+    if len(throttled) == len(numbers):
+        clean = [v for v, bad in zip(numbers, throttled, strict=True) if not bad]
+    else:
+        clean = numbers
+    dropped = len(numbers) - len(clean)
+    if len(clean) < stats.MIN_ROUNDS:
+        return None, dropped
+    return stats.median(clean), dropped
 
 
-def compare_test(current: BenchmarkResult, baseline: ResultRecord | None,
-                 settings: GateSettings) -> list[MetricComparison]:
-    """One row per gated metric that the current benchmark measured."""
-    measured = [m for m in settings.thresholds if current.metric(m)]
-    if baseline is None:
-        return [MetricComparison(current.nodeid, m, "new", settings.thresholds[m],
-                                 current_median=stats.median(current.metric(m, clean=False)
-                                                             or [0.0]),
-                                 current_rounds=current.rounds,
-                                 reason="no result for this test in the baseline run")
-                for m in measured]
-    found = tuple(differences(baseline.fingerprint, current.fingerprint))
+def _side(records: Sequence[ResultRecord], metric: str) -> tuple[list[float], int, int]:
+    """Usable session values, sessions left out, throttled rounds left out."""
+    values, left_out, throttled = [], 0, 0
+    for record in records:
+        value, dropped = session_value(record, metric)
+        throttled += dropped
+        if value is None:
+            left_out += 1
+        else:
+            values.append(value)
+    return values, left_out, throttled
+
+
+def _conditions(records: Sequence[ResultRecord]) -> list[dict[str, Any]]:
+    found = []
+    for record in records:
+        facts = dict(record.summary.get("conditions") or {})
+        if facts.get("sm_clock_median") is None:
+            facts["sm_clock_median"] = record.summary.get("sm_clock_median")
+        found.append(facts)
+    return found
+
+
+def _machines(baseline: Sequence[ResultRecord], current: Sequence[ResultRecord]) -> list[str]:
+    """The sides ran on different hosts: the difference between two machines of one kind is
+    then part of the change, and the spread between sessions covers it only as far as the
+    repeated sessions themselves ran on several machines."""
+    before = {r.fingerprint.get("host") for r in baseline} - {None}
+    after = {r.fingerprint.get("host") for r in current} - {None}
+    if before and after and not before & after:
+        return ["host: the sides ran on different machines"]
+    return []
+
+
+def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequence[ResultRecord],
+                 settings: GateSettings,
+                 history: Sequence[Sequence[ResultRecord]] = ()) -> list[MetricComparison]:
+    """One row per gated metric that the current sessions measured.
+
+    ``baseline`` and ``current`` hold one record per session; ``history`` holds groups of
+    repeated sessions (each group one code version) of this test in this environment.
+    """
+    measured = [m for m in settings.thresholds
+                if any(record.metrics.get(m) for record in current)]
+    if not baseline:
+        rows = []
+        for metric in measured:
+            values, left_out, throttled = _side(current, metric)
+            rows.append(MetricComparison(
+                nodeid, metric, "new", settings.thresholds[metric],
+                current_value=stats.mean(values) if values else None,
+                current_values=tuple(values), current_left_out=left_out,
+                current_throttled=throttled, reason="no result for this test in the baseline"))
+        return rows
+    found = tuple(differences(baseline[-1].fingerprint, current[-1].fingerprint))
     strict = [d for d in found if d.strict]
-    current_record = ResultRecord(current.nodeid, current.fingerprint, "", current.rounds,
-                                  current.metrics(), current.summary())
+    unlike = tuple(conditions.unlike(_conditions(baseline), _conditions(current))
+                   + _machines(baseline, current))
     rows = []
     for metric in measured:
         threshold = settings.thresholds[metric]
-        base_values, base_throttled = _values(baseline, metric)
-        cur_values, cur_throttled = _values(current_record, metric)
+        base_values, base_left, base_throttled = _side(baseline, metric)
+        cur_values, cur_left, cur_throttled = _side(current, metric)
         common: dict[str, Any] = {
-            "threshold": threshold, "differences": found,
+            "threshold": threshold, "differences": found, "unlike": unlike,
+            "baseline_values": tuple(base_values), "current_values": tuple(cur_values),
+            "baseline_left_out": base_left, "current_left_out": cur_left,
             "baseline_throttled": base_throttled, "current_throttled": cur_throttled,
         }
         if strict and not settings.force:
             rows.append(MetricComparison(
-                current.nodeid, metric, "not_comparable",
-                baseline_median=stats.median(base_values) if base_values else None,
-                current_median=stats.median(cur_values) if cur_values else None,
+                nodeid, metric, "not_comparable",
+                baseline_value=stats.mean(base_values) if base_values else None,
+                current_value=stats.mean(cur_values) if cur_values else None,
                 reason="environment differs: " + "; ".join(d.describe() for d in strict)
                        + " (--gpu-compare-force compares anyway)",
                 **common))
             continue
-        if base_values is None:
+        if not any(record.metrics.get(metric) for record in baseline):
             rows.append(MetricComparison(
-                current.nodeid, metric, "new",
-                current_median=stats.median(cur_values) if cur_values else None,
+                nodeid, metric, "new",
+                current_value=stats.mean(cur_values) if cur_values else None,
                 reason=f"the baseline has no {metric} for this test", **common))
             continue
-        decision = stats.compare_samples(base_values, cur_values or [], threshold=threshold,
-                                         alpha=settings.alpha)
+        past = [_side(group, metric)[0] for group in history]
+        decision = stats.compare_sessions(base_values, cur_values, threshold=threshold,
+                                          alpha=settings.alpha, history=past)
         reason = decision.reason
+        if unlike:
+            reason += "; the sides are not like for like: " + "; ".join(unlike)
         if strict:
             reason += "; forced despite: " + "; ".join(d.describe() for d in strict)
-        shift = decision.shift
+        spread = decision.spread
         rows.append(MetricComparison(
-            current.nodeid, metric, decision.verdict,
-            baseline_median=decision.baseline_median, current_median=decision.current_median,
-            change=decision.change, p_value=decision.p_value, method=decision.method,
-            shift=shift.shift if shift else None,
-            shift_low=shift.low if shift else None, shift_high=shift.high if shift else None,
-            baseline_rounds=len(base_values), current_rounds=len(cur_values or []),
+            nodeid, metric, decision.verdict,
+            baseline_value=decision.baseline, current_value=decision.current,
+            change=decision.change, p_value=decision.p_value, detectable=decision.detectable,
+            spread=spread.sd, spread_df=spread.df, spread_df_sides=spread.df_sides,
+            spread_df_history=spread.df_history, history_groups=spread.history_groups,
             reason=reason, forced=bool(strict), **common))
     return rows
 
 
-def compare_session(current: list[BenchmarkResult], baseline: dict[str, ResultRecord],
-                    settings: GateSettings) -> list[MetricComparison]:
+def compare_sides(baseline: dict[str, list[ResultRecord]], current: dict[str, list[ResultRecord]],
+                  settings: GateSettings, history: History | None = None
+                  ) -> list[MetricComparison]:
+    """Every test of the current side against the baseline side; ``history(nodeid, hash)``
+    gives the groups of repeated sessions of a test from the store."""
     rows: list[MetricComparison] = []
-    for result in sorted(current, key=lambda r: r.nodeid):
-        rows.extend(compare_test(result, baseline.get(result.nodeid), settings))
+    for nodeid in sorted(current):
+        records = current[nodeid]
+        past = history(nodeid, records[-1].fingerprint_hash) if history and records else []
+        rows.extend(compare_test(nodeid, baseline.get(nodeid, []), records, settings, past))
     return rows
+
+
+def store_history(store: Store, exclude: set[int]) -> History:
+    """The store's history of a test in one environment as groups of repeated sessions: runs
+    that share a name and a commit, two or more of them, none of the runs in ``exclude`` (the
+    compared sides). Runs without a commit are left out: nothing says they ran the same code."""
+
+    def groups(nodeid: str, fingerprint: str) -> list[list[ResultRecord]]:
+        found: dict[tuple[str, str], list[ResultRecord]] = {}
+        for run, result in store.history(nodeid, fingerprint_hash=fingerprint,
+                                         limit=HISTORY_LIMIT):
+            if run.id in exclude or run.commit is None:
+                continue
+            found.setdefault((run.name, run.commit), []).append(result)
+        return [group for group in found.values() if len(group) >= 2]
+    return groups
 
 
 def session_fingerprint(results: list[BenchmarkResult]) -> dict[str, Any]:
     """The fingerprint most of this session's benchmarks ran under (the run's fingerprint)."""
-    from pytest_gputrain.regression.fingerprint import fingerprint_hash
-
     counts: dict[str, tuple[int, dict[str, Any]]] = {}
     for result in results:
         key = fingerprint_hash(result.fingerprint)

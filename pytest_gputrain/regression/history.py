@@ -1,10 +1,11 @@
 """``python -m pytest_gputrain history``: the saved runs, one test across runs, and a PNG of it.
 
-    python -m pytest_gputrain history [--store PATH] [--name NAME] [--limit N]
+    python -m pytest_gputrain history [--store PATH|URL] [--name NAME] [--limit N]
     python -m pytest_gputrain history --test NODEID [--png out.png]
 
 The store is found the way git finds its folder: ``.gputrain/benchmarks.sqlite`` in the current
-directory or the nearest parent that has one, unless ``--store`` names it.
+directory or the nearest parent that has one, unless ``--store`` names it (a file, or a
+``postgresql://`` URL).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from tabulate import tabulate
 from pytest_gputrain.regression.store import (
     DEFAULT_DIR,
     DEFAULT_NAME,
+    Location,
     ResultRecord,
     RunInfo,
-    Store,
     StoreError,
+    is_url,
+    open_store,
 )
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
@@ -39,9 +42,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
         "history", help="list saved benchmark runs, or one test's results across runs",
         description="List the runs saved with --gpu-save, or one test's step time and peak "
                     "VRAM across runs (optionally as a PNG).")
-    parser.add_argument("--store", metavar="PATH",
-                        help=f"benchmark store (default: {DEFAULT_DIR}/{DEFAULT_NAME} here or in "
-                             "the nearest parent folder)")
+    add_store_argument(parser)
     parser.add_argument("--name", help="only runs saved under this name")
     parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
     parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
@@ -50,6 +51,20 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=cmd_history)
     return parser
+
+
+def add_store_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="PATH|URL",
+                        help=f"benchmark store: a file or a postgresql:// URL (default: "
+                             f"{DEFAULT_DIR}/{DEFAULT_NAME} here or in the nearest parent "
+                             "folder)")
+
+
+def locate(store: str | None) -> Location:
+    """The store ``--store`` names (a URL as it is), else the nearest one found."""
+    if store is None:
+        return find_store()
+    return store if is_url(store) else Path(store)
 
 
 def find_store(start: Path | None = None) -> Path:
@@ -76,15 +91,15 @@ def _history(args: argparse.Namespace) -> int:
         raise HistoryError("--png needs --test NODEID (the test to draw)")
     if args.limit is not None and args.limit < 1:
         raise HistoryError(f"--limit {args.limit} must be at least 1")
-    path = Path(args.store) if args.store else find_store()
-    with Store.open(path, create=False) as store:
+    with open_store(locate(args.store), create=False) as store:
+        where = store.where
         if args.test:
             entries = [(run, result) for run, result in store.history(args.test)
                        if args.name is None or run.name == args.name][-args.limit:]
             if not entries:
                 known = store.nodeids()
                 hint = f"; tests in the store: {', '.join(known[:8])}" if known else ""
-                raise HistoryError(f"no saved result for {args.test!r} in {path}{hint}")
+                raise HistoryError(f"no saved result for {args.test!r} in {where}{hint}")
             if args.json:
                 print(json.dumps([_entry_json(run, result) for run, result in entries],
                                  indent=2))
@@ -99,7 +114,7 @@ def _history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([run.to_json() for run in runs], indent=2))
     elif not runs:
-        print(f"no saved runs in {path}")
+        print(f"no saved runs in {where}")
     else:
         print(tabulate(_run_rows(runs), headers=RUN_HEADERS, disable_numparse=True))
     return 0
@@ -171,9 +186,10 @@ def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path
         times = [float(t) * 1e3 for t in result.metrics.get("step_time") or []]
         if times:
             ax_time.scatter([x] * len(times), times, s=4, alpha=0.15, color="tab:blue")
-            medians.append(stats.median(times))
-            lows.append(medians[-1] - stats.quantile(times, 0.25))
-            highs.append(stats.quantile(times, 0.75) - medians[-1])
+            low, middle, high = stats.quartiles(times)
+            medians.append(middle)
+            lows.append(middle - low)
+            highs.append(high - middle)
         else:
             medians.append(float("nan"))
             lows.append(0.0)

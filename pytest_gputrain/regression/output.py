@@ -8,15 +8,17 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_gputrain.regression.benchmark import BenchmarkResult
-from pytest_gputrain.regression.compare import GateReport, MetricComparison
+from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
+from pytest_gputrain.regression.store import runs_label
 from pytest_gputrain.units import format_bytes
 
 JSON_KIND = "pytest-gputrain-benchmarks"
-JSON_SCHEMA_VERSION = 1
-COMPARE_HEADERS = ("test", "metric", "baseline", "current", "change", "p-value", "verdict",
-                   "rounds (base/cur)")
+JSON_SCHEMA_VERSION = 2
+COMPARE_HEADERS = ("test", "metric", "sessions (base/cur)", "baseline", "current", "change",
+                   "detectable", "p", "verdict")
 BENCH_HEADERS = ("test", "device", "rounds", "median", "IQR", "min", "peak VRAM", "util",
                  "throttled")
+Line = tuple[str, dict[str, bool]]
 
 
 def format_seconds(value: float | None) -> str:
@@ -57,30 +59,31 @@ def _verdict(comparison: MetricComparison) -> str:
     label = comparison.label
     if comparison.verdict == "regression" and comparison.threshold is not None:
         label += f" (> {comparison.threshold * 100:g} %)"
+    if comparison.unlike:
+        label += " (unlike)"
     if comparison.forced:
         label += " (forced)"
     return label
 
 
-def _rounds(comparison: MetricComparison) -> str:
-    if comparison.verdict in ("new", "not_comparable"):
-        return "–"
-    text = f"{comparison.baseline_rounds}/{comparison.current_rounds}"
-    dropped = comparison.baseline_throttled + comparison.current_throttled
-    if dropped:
-        text += (f" ({comparison.baseline_throttled}/{comparison.current_throttled} "
-                 "throttled left out)")
+def _sessions(comparison: MetricComparison) -> str:
+    text = f"{comparison.baseline_sessions}/{comparison.current_sessions}"
+    left_out = comparison.baseline_left_out + comparison.current_left_out
+    if left_out:
+        text += f" ({comparison.baseline_left_out}/{comparison.current_left_out} left out)"
     return text
 
 
 def comparison_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in report.comparisons:
-        comparable = c.verdict not in ("new", "not_comparable")
-        rows.append((c.nodeid, c.metric, format_metric(c.metric, c.baseline_median),
-                     format_metric(c.metric, c.current_median),
-                     format_change(c.change, comparable and c.verdict != "insufficient_data"),
-                     format_p(c.p_value), _verdict(c), _rounds(c)))
+        compared = c.verdict not in ("new", "not_comparable", "insufficient_data")
+        detectable = "–" if c.detectable is None else f"{c.detectable * 100:.1f} %"
+        rows.append((c.nodeid, c.metric, _sessions(c),
+                     format_metric(c.metric, c.baseline_value),
+                     format_metric(c.metric, c.current_value),
+                     format_change(c.change, compared), detectable, format_p(c.p_value),
+                     _verdict(c)))
     return rows
 
 
@@ -97,43 +100,79 @@ def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
 
 
 def headline(report: GateReport) -> str:
-    parts = [f"{report.count(v)} {name}" for v, name in (
-        ("regression", "regression(s)"), ("improvement", "improvement(s)"), ("ok", "ok"),
-        ("not_comparable", "not comparable"), ("insufficient_data", "insufficient data"),
-        ("new", "new")) if report.count(v)]
+    names = {"regression": "regression(s)", "improvement": "improvement(s)", "ok": "ok",
+             "cannot_tell": "cannot tell", "not_comparable": "not comparable",
+             "insufficient_data": "insufficient data", "new": "new"}
+    parts = [f"{report.count(v)} {names[v]}" for v in VERDICTS if report.count(v)]
     return ", ".join(parts) or "nothing compared"
 
 
-def terminal_lines(report: GateReport) -> list[tuple[str, dict[str, bool]]]:
-    """Lines for the terminal summary, each with tabulate-free markup flags (red, green...)."""
-    lines: list[tuple[str, dict[str, bool]]] = []
+def _rule(report: GateReport) -> str:
+    settings = report.settings
+    gate = ", ".join(f"{m} {t * 100:g} %" for m, t in settings.thresholds.items()) or "–"
+    return (f"a regression needs a change past the threshold ({gate}) and p < "
+            f"{settings.alpha:g} over sessions (t-test on per-session medians; spread between "
+            "sessions from both sides' repeated sessions and the store's history)")
+
+
+def _sides(report: GateReport) -> str:
+    current = runs_label(report.current_runs) if report.current_runs else "this session"
+    return f"{current} compared with {runs_label(report.baseline_runs)}"
+
+
+def _findings(report: GateReport) -> list[tuple[str, str]]:
+    """(text, kind) lines after the table: regressions with their reasons, sides that are not
+    like for like, environments that differ, and why some tests cannot be told."""
+    found: list[tuple[str, str]] = []
+    for c in report.regressions:
+        found.append((f"REGRESSION {c.nodeid} {c.metric}: {c.reason}", "red"))
+    unlike: dict[str, tuple[str, ...]] = {}
+    for c in report.comparisons:
+        if c.unlike:
+            unlike.setdefault(c.nodeid, c.unlike)
+    for nodeid, differences in unlike.items():
+        found.append((f"not like for like: {nodeid}: {'; '.join(differences)}", "yellow"))
+    for nodeid, mismatch in report.mismatches().items():
+        described = "; ".join(d.describe() for d in mismatch if d.strict)
+        found.append((f"not comparable: {nodeid}: environment differs: {described}", "yellow"))
+    untold = [c for c in report.comparisons if c.verdict == "cannot_tell"]
+    if untold:
+        first = untold[0]
+        found.append((f"cannot tell ({len(untold)} metric(s)): {first.nodeid} {first.metric} "
+                      f"{first.reason}", "yellow"))
+    return found
+
+
+def compare_lines(report: GateReport) -> list[Line]:
+    """The comparison as terminal lines, each with markup flags (red, green...)."""
+    lines: list[Line] = [(_sides(report), {"bold": True}), (_rule(report), {})]
+    if report.comparisons:
+        lines.append((tabulate(comparison_rows(report), headers=COMPARE_HEADERS,
+                               disable_numparse=True), {}))
+    for text, kind in _findings(report):
+        lines.append((text, {kind: True}))
+    if report.failed:
+        names = ", ".join(f"{c.nodeid} {c.metric} {format_change(c.change)}"
+                          for c in report.regressions)
+        lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
+    else:
+        lines.append((f"gate passed: {headline(report)}", {"green": True}))
+    return lines
+
+
+def terminal_lines(report: GateReport) -> list[Line]:
+    """Lines for the pytest terminal summary."""
+    lines: list[Line] = []
     if report.benchmarks:
         lines.append((tabulate(benchmark_rows(report), headers=BENCH_HEADERS,
                                disable_numparse=True), {}))
     if report.compare_spec:
         lines.append(("", {}))
-        if report.baseline is None:
+        if not report.baseline_runs:
             lines.append((f"gpu_compare={report.compare_spec}: no saved run to compare with",
                           {"yellow": True}))
         else:
-            settings = report.settings
-            gate = ", ".join(f"{m} > {t * 100:g} %" for m, t in settings.thresholds.items())
-            lines.append((f"compared with {report.baseline.label()}; a regression needs "
-                          f"p < {settings.alpha:g} (Mann-Whitney, one-sided) and {gate or '–'}",
-                          {"bold": True}))
-            if report.comparisons:
-                lines.append((tabulate(comparison_rows(report), headers=COMPARE_HEADERS,
-                                       disable_numparse=True), {}))
-            for nodeid, found in report.mismatches().items():
-                described = "; ".join(d.describe() for d in found if d.strict)
-                lines.append((f"not comparable: {nodeid}: environment differs: {described}",
-                              {"yellow": True}))
-            if report.failed:
-                names = ", ".join(f"{c.nodeid} {c.metric} {format_change(c.change)}"
-                                  for c in report.regressions)
-                lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
-            else:
-                lines.append((f"gate passed: {headline(report)}", {"green": True}))
+            lines.extend(compare_lines(report))
     for note in report.notes:
         lines.append((note, {"yellow": True}))
     if report.saved_run is not None:
@@ -144,17 +183,16 @@ def terminal_lines(report: GateReport) -> list[tuple[str, dict[str, bool]]]:
 
 def markdown(report: GateReport) -> str:
     out = ["## GPU performance gate", ""]
-    if report.compare_spec and report.baseline is not None:
+    if report.baseline_runs:
         status = ("**Regression** :x:" if report.failed else "Passed :white_check_mark:")
-        out.append(f"{status}: {headline(report)}. Baseline: {report.baseline.label()}.")
+        out.append(f"{status}: {headline(report)}. {_sides(report)}; {_rule(report)}.")
         out.append("")
         if report.comparisons:
             out.append(tabulate(comparison_rows(report), headers=COMPARE_HEADERS,
                                 tablefmt="github", disable_numparse=True))
             out.append("")
-        for nodeid, found in report.mismatches().items():
-            described = "; ".join(d.describe() for d in found if d.strict)
-            out.append(f"- not comparable: `{nodeid}`: {described}")
+        for text, _ in _findings(report):
+            out.append(f"- {text}")
     elif report.compare_spec:
         out.append(f"No saved run matches `{report.compare_spec}`: nothing compared.")
     if report.benchmarks:
@@ -176,7 +214,8 @@ def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
 
 
 def report_json(report: GateReport) -> dict[str, Any]:
-    """The ``--gpu-benchmark-json`` document (``kind``/``schema_version`` identify it)."""
+    """The ``--gpu-benchmark-json`` / ``compare --format json`` document (``kind`` and
+    ``schema_version`` identify it)."""
     from pytest_gputrain.regression.compare import session_fingerprint
     from pytest_gputrain.regression.fingerprint import fingerprint_hash
 
@@ -196,12 +235,14 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "settings": {"alpha": report.settings.alpha,
                      "thresholds": report.settings.thresholds,
                      "force": report.settings.force, "compare": report.compare_spec},
-        "baseline": report.baseline.to_json() if report.baseline else None,
+        "baseline": {"spec": report.compare_spec,
+                     "runs": [run.to_json() for run in report.baseline_runs]},
+        "current": {"spec": report.current_spec,
+                    "runs": [run.to_json() for run in report.current_runs]},
         "benchmarks": [_benchmark_json(b) for b in sorted(report.benchmarks,
                                                             key=lambda r: r.nodeid)],
         "comparisons": [c.to_json() for c in report.comparisons],
-        "summary": {v: report.count(v) for v in ("regression", "improvement", "ok",
-                                                 "not_comparable", "insufficient_data", "new")},
+        "summary": {v: report.count(v) for v in VERDICTS},
         "notes": list(report.notes),
         "failed": report.failed,
     }

@@ -1,8 +1,9 @@
 """Hooks of the performance regression gate: the ``gpu_benchmark`` fixture, ``--gpu-save``,
-``--gpu-compare``, ``--gpu-regression`` and their ini twins.
+``--gpu-compare``, ``--gpu-regression``, ``--gpu-benchmark-disable``/``-skip`` and their ini
+twins.
 
-Kept light: importing this module imports neither torch, pydantic nor sqlite3, and a session
-that uses none of the options and no ``gpu_benchmark`` opens no database.
+Kept light: importing this module imports neither torch, pydantic, sqlite3 nor psycopg, and a
+session that uses none of the options and no ``gpu_benchmark`` opens no store.
 
 xdist: each worker keeps its tests' results and hands them to the controller through
 ``workeroutput`` when it finishes; the controller alone compares, saves (one run, one
@@ -12,6 +13,7 @@ transaction) and reports, and sets the exit status.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = settings
     config.stash[results_key] = []
     if settings.uses_store and not _is_worker(config):
-        from pytest_gputrain.regression.session import check_store
+        from pytest_gputrain.regression.gate import check_store
 
         check_store(settings)
 
@@ -55,10 +57,12 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
     """Time a training step: ``gpu_benchmark(step, *args, rounds=50, warmup=5)``.
 
     CUDA events on the current stream (``time.perf_counter`` on the CPU), a warm-up, then 30 to
-    100 rounds (ini ``gpu_benchmark_*``), with the peak VRAM, utilization, SM clock and clock
-    event reasons of every round. Returns a ``BenchmarkResult`` (``.median``, ``.iqr``,
-    ``.peak_vram_max``, ``.throttled_count``...). Results of passing tests feed ``--gpu-save`` and
-    ``--gpu-compare``.
+    100 rounds (ini ``gpu_benchmark_*``), with nothing else on the host between rounds; NVML is
+    sampled by a thread (utilization, SM clock, throttling per round) and the peak VRAM read at
+    the two synchronisations. Returns a ``BenchmarkResult`` (``.median``, ``.iqr``,
+    ``.peak_vram_max``, ``.throttled_count``, ``.conditions``...). Results of passing tests feed
+    ``--gpu-save`` and ``--gpu-compare``. Under ``--gpu-benchmark-disable`` the step runs once,
+    untimed (``.disabled``).
     """
     from pytest_gputrain.regression.benchmark import BenchmarkOptions, GpuBenchmark
 
@@ -69,9 +73,29 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
                                      max_rounds=settings.max_rounds, max_time=settings.max_time)
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_benchmark_*: {exc}") from None
-    bench = GpuBenchmark(request.node.nodeid, defaults)
+    bench = GpuBenchmark(request.node.nodeid, defaults, disabled=settings.disable)
     request.node.stash[benchmark_key] = bench
     return bench
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture."""
+    if not config.stash[settings_key].skip:
+        return
+    marker = pytest.mark.skip(reason="uses gpu_benchmark (--gpu-benchmark-skip)")
+    for item in items:
+        if "gpu_benchmark" in getattr(item, "fixturenames", ()):
+            item.add_marker(marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Watch for torch profilers once torch's profiler is loaded: one that ran earlier in the
+    process slows every later kernel launch, and a benchmark's result says so."""
+    if "torch.autograd.profiler" in sys.modules:
+        from pytest_gputrain.regression.conditions import watch_profiler
+
+        watch_profiler()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -81,7 +105,8 @@ def pytest_runtest_makereport(
     report = yield
     if call.when == "call":
         bench = item.stash.get(benchmark_key, None)
-        if bench is not None and bench.result is not None and report.passed:
+        if (bench is not None and bench.result is not None and not bench.result.disabled
+                and report.passed):
             item.config.stash[results_key].append(bench.result.to_record())
     return report
 
@@ -108,7 +133,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if not records and not settings.uses_store and settings.json_path is None:
         return
-    from pytest_gputrain.regression.session import finish
+    from pytest_gputrain.regression.gate import finish
 
     interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
     report = finish(config, settings, records, save=not interrupted)

@@ -24,6 +24,7 @@ REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may
 DEFAULT_ALPHA = 0.01
 DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
 RESERVED_NAMES = ("latest",)
+URL_SCHEMES = ("postgresql://", "postgres://")  # the store module's, without importing it
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -35,15 +36,22 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
             f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
             metavar="SPEC"),
-    Option("--gpu-alpha", "gpu_alpha", "significance level of the Mann-Whitney test of a "
-            f"regression (default {DEFAULT_ALPHA})", metavar="ALPHA"),
+    Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
+            f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
+            metavar="ALPHA"),
     Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
     Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
             "to PATH as JSON", metavar="PATH"),
-    Option("--gpu-store", "gpu_store", f"benchmark store file (SQLite; default {DEFAULT_STORE} "
-            "in the rootdir)", metavar="PATH"),
+    Option("--gpu-store", "gpu_store", "benchmark store: an SQLite file (default "
+            f"{DEFAULT_STORE} in the rootdir) or a postgresql:// URL shared by CI runners",
+            metavar="PATH|URL"),
+    Option("--gpu-benchmark-disable", "gpu_benchmark_disable", "gpu_benchmark: call each "
+            "benchmarked step once, untimed (the tests run as ordinary tests; nothing is saved "
+            "or compared)", kind="bool", default=False),
+    Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
+            "gpu_benchmark", kind="bool", default=False),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
             "before timing (default 5)", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
@@ -69,7 +77,9 @@ class RegressionSettings:
     alpha: float = DEFAULT_ALPHA
     force: bool = False
     json_path: Path | None = None
-    store_path: Path = Path(DEFAULT_STORE)
+    store: Path | str = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
+    disable: bool = False
+    skip: bool = False
     warmup: int | None = None
     min_rounds: int | None = None
     max_rounds: int | None = None
@@ -202,9 +212,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         alpha = parse_alpha(alpha_raw) if alpha_raw not in (None, "") else DEFAULT_ALPHA
     except ValueError as exc:
         raise _usage("gpu_alpha", "--gpu-alpha", str(exc)) from None
-    store = _path(config, "gpu_store") or Path(config.rootpath) / DEFAULT_STORE
-    if store.is_dir() or str(read(config, "gpu_store") or "").endswith(("/", "\\")):
-        store = store / "benchmarks.sqlite"
+    store = _store(config)
     warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0, "5")
     min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
                          1, "30")
@@ -216,9 +224,43 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
                      f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
                      "min 30, max 100")
+    disable = bool(read(config, "gpu_benchmark_disable"))
+    skip = bool(read(config, "gpu_benchmark_skip"))
+    _check_untimed(disable, skip, save, compare)
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         force=bool(read(config, "gpu_compare_force")),
-        json_path=_path(config, "gpu_benchmark_json"), store_path=store,
+        json_path=_path(config, "gpu_benchmark_json"), store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
+        disable=disable, skip=skip,
     )
+
+
+def _store(config: pytest.Config) -> Path | str:
+    """A ``postgresql://`` URL as it is; a path like the other path options (a folder, or a
+    value ending in a slash, gets ``benchmarks.sqlite`` inside)."""
+    raw = str(read(config, "gpu_store") or "").strip()
+    if raw.lower().startswith(URL_SCHEMES):
+        return raw
+    if "://" in raw:
+        raise _usage("gpu_store", "--gpu-store", f"{raw.split('://')[0]!r}:// is not a store "
+                     "this version knows; give a file path or a postgresql:// URL, e.g. "
+                     "--gpu-store=postgresql://ci@db.example.com/benchmarks")
+    store = _path(config, "gpu_store") or Path(config.rootpath) / DEFAULT_STORE
+    if store.is_dir() or raw.endswith(("/", "\\")):
+        store = store / "benchmarks.sqlite"
+    return store
+
+
+def _check_untimed(disable: bool, skip: bool, save: str | None, compare: str | None) -> None:
+    """Untimed or skipped benchmarks give nothing to save or compare: say so up front."""
+    if disable and skip:
+        raise _usage("gpu_benchmark_disable", "--gpu-benchmark-disable",
+                     "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
+                     "runs the benchmarked steps untimed, the other skips those tests)")
+    for on, ini, flag in ((disable, "gpu_benchmark_disable", "--gpu-benchmark-disable"),
+                          (skip, "gpu_benchmark_skip", "--gpu-benchmark-skip")):
+        if on and (save or compare):
+            used = "gpu_save / --gpu-save" if save else "gpu_compare / --gpu-compare"
+            raise _usage(ini, flag, f"measures nothing, so {used} would have nothing to save "
+                         "or compare; drop one of the two")

@@ -1,310 +1,302 @@
-"""Statistics of the regression gate, in pure Python (no numpy, no scipy).
+"""Statistics of the regression gate.
 
-- ``mann_whitney_u``: the Mann–Whitney U (Wilcoxon rank-sum) test. Exact null distribution when
-  there are no ties and the samples are small (``n1 * n2 <= EXACT_LIMIT``), otherwise the normal
-  approximation with tie correction and continuity correction.
-- ``hodges_lehmann``: the Hodges–Lehmann shift estimate (median of all pairwise differences) with
-  its distribution-free confidence interval.
-- ``compare_samples``: the gate's decision. A regression needs *both* a significant test
-  (one-sided ``p < alpha``) *and* a relative change of medians above the threshold: on a noisy
-  GPU a tiny but consistent shift is significant, and a large but noisy one is not, and neither
-  alone should fail a merge.
+The unit of evidence is the *session* (one pytest process, saved as one run): rounds inside a
+session vary by microseconds, whole sessions by milliseconds (different cuDNN algorithms, clocks,
+what else the process did), so rounds of one session are not independent evidence about the code.
+Each session is summarised by one number (the median of its clean rounds) and the gate compares
+those numbers:
+
+- ``pooled_spread``: the spread between sessions of the same code (of the logs of their
+  summaries, so about a relative spread), pooled from every group of repeated sessions at hand
+  (the replicate sessions of each side and the store's history of the test in the same
+  environment), with its degrees of freedom.
+- ``compare_sessions``: the decision. A regression needs the change of the sessions' geometric
+  mean past the threshold *and* a one-sided t-test over sessions (on the logs) significant at
+  ``alpha``. With no repeated sessions anywhere the spread is unknown and the verdict is "cannot
+  tell"; otherwise the decision also states the smallest slowdown it would catch 95 % of the
+  time.
 - ``throttled_rounds``: which rounds ran while the GPU slowed itself down (NVML clock event
-  reasons, or an SM clock far below the run's median); those rounds are left out of step times.
+  reasons, or an SM clock far below the session's median); those rounds are left out.
+
+Medians, means and normal quantiles come from the standard library's ``statistics``. Student's t
+is not there: its tail is computed from the regularized incomplete beta function (a continued
+fraction), checked against ``scipy.stats.t`` in the tests.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
-
-Alternative = Literal["greater", "less", "two-sided"]
-
-# Exact distribution (no ties) up to this many pairs; above it the normal approximation is
-# already within ~1e-3 of the exact p-value and the exact count would cost O(n1 * n2 * min(n)).
-EXACT_LIMIT = 2500
 
 # NVML clock event reasons that mean "the GPU slowed itself down": SwPowerCap 0x4,
 # HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
-# A round whose SM clock is below this fraction of the run's median SM clock is throttled too.
+# A round whose SM clock is below this fraction of the session's median SM clock is throttled too.
 CLOCK_FLOOR = 0.9
-# Fewer usable rounds than this on either side: no verdict ("insufficient data").
-MIN_SAMPLES = 8
+# A session with fewer clean rounds than this has no summary (it is left out of comparisons).
+MIN_ROUNDS = 8
+# "Detectable": the smallest true change the gate catches with this probability.
+DETECTION_POWER = 0.95
 
 
 def median(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("median of an empty sample")
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return float(ordered[middle])
-    return (ordered[middle - 1] + ordered[middle]) / 2
+    return float(statistics.median(values))
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (the default of numpy and R, "type 7")."""
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile, interpolated linearly (numpy's and R's
+    default, "type 7": ``statistics.quantiles(method="inclusive")``)."""
     if not values:
-        raise ValueError("quantile of an empty sample")
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile {q!r} is not in [0, 1]")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    fraction = position - low
-    return ordered[low] + (ordered[high] - ordered[low]) * fraction
+        raise ValueError("quartiles of an empty sample")
+    if len(values) == 1:
+        only = float(values[0])
+        return only, only, only
+    low, middle, high = statistics.quantiles(values, n=4, method="inclusive")
+    return float(low), float(middle), float(high)
 
 
 def mean(values: Sequence[float]) -> float:
     if not values:
         raise ValueError("mean of an empty sample")
-    return math.fsum(values) / len(values)
+    return statistics.fmean(values)
 
 
 def stdev(values: Sequence[float]) -> float:
     """Sample standard deviation (n - 1); 0 for fewer than two values."""
-    if len(values) < 2:
+    return statistics.stdev(values) if len(values) >= 2 else 0.0
+
+
+# -- Student's t ---------------------------------------------------------------------------------
+
+
+def _beta_continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return result
+
+
+def regularized_beta(x: float, a: float, b: float, complement: float | None = None) -> float:
+    """I_x(a, b), the regularized incomplete beta function. ``complement`` is ``1 - x`` when
+    the caller has it exactly (near x = 1, ``1 - x`` computed in floating point loses digits)."""
+    y = 1.0 - x if complement is None else complement
+    if x <= 0:
         return 0.0
-    centre = mean(values)
-    return math.sqrt(math.fsum((v - centre) ** 2 for v in values) / (len(values) - 1))
+    if y <= 0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log(y))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_continued_fraction(a, b, x) / a
+    return 1.0 - front * _beta_continued_fraction(b, a, y) / b
 
 
-def normal_sf(z: float) -> float:
-    """P(Z > z) for a standard normal Z."""
-    return 0.5 * math.erfc(z / math.sqrt(2))
+def t_sf(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom (``inf``: the normal)."""
+    if not df > 0:
+        raise ValueError(f"degrees of freedom {df!r} must be > 0")
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    if math.isinf(df):
+        return 1.0 - statistics.NormalDist().cdf(t)
+    tail = 0.5 * regularized_beta(df / (df + t * t), df / 2, 0.5, t * t / (df + t * t))
+    return tail if t >= 0 else 1.0 - tail
 
 
-def normal_ppf(p: float) -> float:
-    """Inverse of the standard normal CDF (Acklam's approximation, refined by Newton steps)."""
+def t_ppf(p: float, df: float) -> float:
+    """The t with P(T <= t) = p: bisection on the upper tail ``t_sf`` (accurate far out), with
+    the lower half by symmetry."""
     if not 0 < p < 1:
         raise ValueError(f"probability {p!r} is not in (0, 1)")
-    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02,
-         1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00)
-    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02,
-         6.680131188771972e01, -1.328068155288572e01)
-    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
-         -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00)
-    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00,
-         3.754408661907416e00)
-    low = 0.02425
-    if p < low:
-        q = math.sqrt(-2 * math.log(p))
-        x = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
-            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    elif p > 1 - low:
-        q = math.sqrt(-2 * math.log(1 - p))
-        x = -(((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / \
-            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
-    else:
-        q = p - 0.5
-        r = q * q
-        x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / \
-            (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
-    for _ in range(2):  # Newton on Phi(x) - p
-        error = 0.5 * math.erfc(-x / math.sqrt(2)) - p
-        x -= error * math.sqrt(2 * math.pi) * math.exp(x * x / 2)
-    return x
+    if math.isinf(df):
+        return statistics.NormalDist().inv_cdf(p)
+    if p < 0.5:
+        return -_upper_quantile(p, df)
+    return _upper_quantile(1.0 - p, df)
 
 
-def rank(values: Sequence[float]) -> tuple[list[float], list[int]]:
-    """Average ranks (1-based) and the sizes of the tie groups."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    ties: list[int] = []
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        average = (start + end) / 2 + 1
-        for position in range(start, end + 1):
-            ranks[order[position]] = average
-        ties.append(end - start + 1)
-        start = end + 1
-    return ranks, ties
+def _upper_quantile(tail: float, df: float) -> float:
+    """The t >= 0 with P(T > t) = ``tail`` (``tail`` <= 0.5)."""
+    low, high = 0.0, 1.0
+    while t_sf(high, df) > tail:
+        low, high = high, high * 2
+    for _ in range(400):
+        middle = (low + high) / 2
+        if t_sf(middle, df) > tail:
+            low = middle
+        else:
+            high = middle
+        if high - low <= 1e-13 * high:
+            break
+    return (low + high) / 2
 
 
-@lru_cache(maxsize=64)
-def u_distribution(n1: int, n2: int) -> tuple[int, ...]:
-    """Number of arrangements giving each U = 0 .. n1*n2 under H0 (no ties).
-
-    These are the coefficients of the Gaussian binomial [n1 + n2 choose n1]_q, built as
-    prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i) with m = min(n1, n2), n = max(n1, n2); every partial
-    product is itself a polynomial, so plain integer arithmetic stays exact.
-    """
-    m, n = min(n1, n2), max(n1, n2)
-    poly = [1]
-    for i in range(1, m + 1):
-        grown = poly + [0] * (n + i)
-        for j in range(len(grown) - 1, n + i - 1, -1):
-            grown[j] -= poly[j - (n + i)]
-        for j in range(i, len(grown)):
-            grown[j] += grown[j - i]
-        poly = grown[: n * i + 1]
-    return tuple(poly)
+# -- the spread between sessions -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class MannWhitney:
-    """The outcome of a Mann–Whitney U test of ``x`` against ``y``."""
+class Spread:
+    """The standard deviation of one session's summary on a log scale (about the relative
+    spread: 0.01 is 1 %), pooled over groups of repeated sessions of the same code; ``None``
+    with no degrees of freedom. ``df_sides`` of the degrees come from the compared sides' own
+    replicate sessions, ``df_history`` from repeated sessions in the store's history."""
 
-    u: float  # U of x: pairs with x > y, plus half of the tied pairs
-    p_value: float
-    alternative: Alternative
-    method: Literal["exact", "normal"]
-    z: float | None = None
-
-
-def mann_whitney_u(x: Sequence[float], y: Sequence[float],
-                   alternative: Alternative = "greater") -> MannWhitney:
-    """Test whether ``x`` tends to be larger than ``y`` (``"greater"``), smaller, or either.
-
-    ``"greater"`` asks whether values drawn from ``x`` exceed values drawn from ``y`` more often
-    than chance (P(X > Y) > 1/2): for the gate, ``x`` is the current run and ``y`` the baseline.
-    """
-    n1, n2 = len(x), len(y)
-    if n1 == 0 or n2 == 0:
-        raise ValueError("mann_whitney_u needs two non-empty samples")
-    if alternative not in ("greater", "less", "two-sided"):
-        raise ValueError(f"alternative {alternative!r} is not greater, less or two-sided")
-    ranks, ties = rank([*x, *y])
-    u1 = math.fsum(ranks[:n1]) - n1 * (n1 + 1) / 2
-    has_ties = any(t > 1 for t in ties)
-    if not has_ties and n1 * n2 <= EXACT_LIMIT:
-        return MannWhitney(u1, _exact_p(round(u1), n1, n2, alternative), alternative, "exact")
-    big_n = n1 + n2
-    tie_term = sum(t**3 - t for t in ties) / (big_n * (big_n - 1))
-    variance = n1 * n2 / 12 * ((big_n + 1) - tie_term)
-    centre = n1 * n2 / 2
-    if variance <= 0:  # every value equal: no evidence either way
-        return MannWhitney(u1, 1.0, alternative, "normal", 0.0)
-    sigma = math.sqrt(variance)
-    if alternative == "greater":
-        z = (u1 - centre - 0.5) / sigma
-        p = normal_sf(z)
-    elif alternative == "less":
-        z = (u1 - centre + 0.5) / sigma
-        p = normal_sf(-z)
-    else:
-        z = max(abs(u1 - centre) - 0.5, 0.0) / sigma
-        p = 2 * normal_sf(z)
-    return MannWhitney(u1, min(1.0, max(0.0, p)), alternative, "normal", z)
+    sd: float | None
+    df: int
+    df_sides: int = 0
+    df_history: int = 0
+    history_groups: int = 0
 
 
-def _exact_p(u: int, n1: int, n2: int, alternative: Alternative) -> float:
-    counts = u_distribution(n1, n2)
-    total = math.comb(n1 + n2, n1)
-    upper = sum(counts[u:]) / total  # P(U >= u)
-    lower = sum(counts[: u + 1]) / total  # P(U <= u)
-    if alternative == "greater":
-        return min(1.0, upper)
-    if alternative == "less":
-        return min(1.0, lower)
-    return min(1.0, 2 * min(upper, lower))
+def _log_squares(group: Sequence[float]) -> tuple[float, int]:
+    """Sum of squared deviations of the logs from their mean, and the group's degrees of
+    freedom; a group with a value that is not positive has no log spread."""
+    if len(group) < 2 or min(group) <= 0:
+        return 0.0, 0
+    logs = [math.log(value) for value in group]
+    centre = statistics.fmean(logs)
+    return math.fsum((value - centre) ** 2 for value in logs), len(group) - 1
+
+
+def pooled_spread(sides: Iterable[Sequence[float]],
+                  history: Iterable[Sequence[float]] = ()) -> Spread:
+    """Pooled spread between sessions of the same code (a one-way ANOVA's within-group variance
+    of the logs: each group measured against its own mean)."""
+    squares, df_sides, df_history, groups = 0.0, 0, 0, 0
+    for group in sides:
+        ss, df = _log_squares(group)
+        squares += ss
+        df_sides += df
+    for group in history:
+        ss, df = _log_squares(group)
+        squares += ss
+        df_history += df
+        groups += df > 0
+    df = df_sides + df_history
+    sd = math.sqrt(squares / df) if df else None
+    return Spread(sd, df, df_sides, df_history, groups)
+
+
+# -- the decision --------------------------------------------------------------------------------
+
+Verdict = Literal["regression", "improvement", "ok", "cannot_tell", "insufficient_data"]
 
 
 @dataclass(frozen=True)
-class ShiftEstimate:
-    """Hodges–Lehmann estimate of how much ``x`` exceeds ``y``, with a confidence interval."""
+class SessionComparison:
+    """How the current sessions compare with the baseline sessions on one metric.
 
-    shift: float
-    low: float | None
-    high: float | None
-    confidence: float
-
-
-def hodges_lehmann(x: Sequence[float], y: Sequence[float],
-                   confidence: float = 0.95) -> ShiftEstimate:
-    """Median of all differences x_i - y_j, and the distribution-free interval around it.
-
-    The interval takes the order statistics of the pairwise differences at the ranks where the
-    (normal approximation to the) U distribution puts its ``(1 - confidence) / 2`` tails.
+    Values are per-session summaries; ``baseline``/``current`` are their geometric means;
+    ``change`` is ``current / baseline - 1``; ``detectable`` is the smallest true slowdown this
+    comparison catches 95 % of the time (a fraction, ``None`` when the spread is unknown);
+    ``p_value`` is one-sided, in the direction of the observed change.
     """
-    if not x or not y:
-        raise ValueError("hodges_lehmann needs two non-empty samples")
-    differences = sorted(a - b for a in x for b in y)
-    shift = median(differences)
-    n1, n2 = len(x), len(y)
-    z = normal_ppf(1 - (1 - confidence) / 2)
-    k = math.floor(n1 * n2 / 2 - z * math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12))
-    if k < 0:
-        return ShiftEstimate(shift, None, None, confidence)
-    return ShiftEstimate(shift, differences[k], differences[len(differences) - 1 - k],
-                         confidence)
-
-
-Verdict = Literal["regression", "improvement", "ok", "insufficient_data"]
-
-
-@dataclass(frozen=True)
-class SampleComparison:
-    """How the current sample compares with the baseline sample of one metric."""
 
     verdict: Verdict
-    baseline_median: float | None
-    current_median: float | None
-    change: float | None  # relative change of medians: (current - baseline) / baseline
-    p_value: float | None  # one-sided, in the direction of the observed change
-    method: str | None
-    shift: ShiftEstimate | None  # Hodges–Lehmann shift of current over baseline (metric units)
+    baseline_sessions: int
+    current_sessions: int
+    baseline: float | None
+    current: float | None
+    change: float | None
+    p_value: float | None
+    detectable: float | None
+    spread: Spread
     reason: str
 
 
-def relative_change(baseline: float, current: float) -> float | None:
-    if baseline == 0:
-        return 0.0 if current == 0 else None
-    return (current - baseline) / abs(baseline)
+def detectable_change(threshold: float, alpha: float, standard_error: float, df: int,
+                      power: float = DETECTION_POWER) -> float:
+    """The smallest true slowdown caught with probability ``power``. On the log scale the
+    observed difference must pass both the threshold and the significance bound
+    ``t(1 - alpha) * se``, and it scatters around the true difference with the standard error
+    ``se``."""
+    bound = math.log1p(threshold)
+    if standard_error > 0:
+        bound = max(bound, t_ppf(1 - alpha, df) * standard_error)
+        bound += t_ppf(power, df) * standard_error
+    return math.expm1(bound)
 
 
-def compare_samples(baseline: Sequence[float], current: Sequence[float], *, threshold: float,
-                    alpha: float, min_samples: int = MIN_SAMPLES) -> SampleComparison:
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def compare_sessions(baseline: Sequence[float], current: Sequence[float], *, threshold: float,
+                     alpha: float, history: Iterable[Sequence[float]] = ()) -> SessionComparison:
     """The gate's decision for one metric where larger is worse (time, memory).
 
-    ``threshold`` is a fraction (0.05 for 5 %). A regression needs the one-sided test
-    "current > baseline" significant at ``alpha`` and the medians' relative change above
-    ``threshold``; an improvement is the mirror image; everything else is ``ok``.
+    ``baseline`` and ``current`` hold one summary per session; ``history`` holds groups of
+    repeated sessions of the same test and environment from the store (each group one code
+    version). ``threshold`` is a fraction (0.05 for 5 %): a slowdown must pass it, an
+    improvement its mirror image (a ratio of 1 / (1 + threshold)). One spread, pooled from
+    every group: the sessions of both sides ran the same test on the same kind of machine.
     """
-    if len(baseline) < min_samples or len(current) < min_samples:
-        return SampleComparison(
-            "insufficient_data",
-            median(baseline) if baseline else None,
-            median(current) if current else None,
-            None, None, None, None,
-            f"{len(baseline)} baseline and {len(current)} current rounds usable; "
-            f"at least {min_samples} needed on each side",
-        )
-    base_median, cur_median = median(baseline), median(current)
-    change = relative_change(base_median, cur_median)
-    slower = mann_whitney_u(current, baseline, "greater")
-    faster = mann_whitney_u(current, baseline, "less")
-    shift = hodges_lehmann(current, baseline, confidence=1 - alpha)
-    worse = cur_median > base_median or (cur_median == base_median and slower.p_value
-                                         <= faster.p_value)
-    test = slower if worse else faster
-    beyond = change is None or abs(change) > threshold
-    significant = test.p_value < alpha
+    spread = pooled_spread([baseline, current], history)
+    nb, nc = len(baseline), len(current)
+    if not nb or not nc:
+        return SessionComparison("insufficient_data", nb, nc, None, None, None, None, None,
+                                 spread, f"{nb} baseline and {nc} current session(s) with "
+                                 f"at least {MIN_ROUNDS} clean rounds; one a side is needed")
+    if min(*baseline, *current) <= 0:
+        if max(*baseline, *current) == 0:
+            return SessionComparison("ok", nb, nc, 0.0, 0.0, 0.0, None, None, spread,
+                                     "0 on both sides")
+        return SessionComparison("insufficient_data", nb, nc, None, None, None, None, None,
+                                 spread, "a session's value is 0: a relative change is "
+                                 "undefined")
+    base, cur = _geometric_mean(baseline), _geometric_mean(current)
+    difference = math.log(cur) - math.log(base)
+    change = math.expm1(difference)
+    seen = f"{change * 100:+.2f} %"
+    if spread.sd is None:
+        return SessionComparison(
+            "cannot_tell", nb, nc, base, cur, change, None, None, spread,
+            f"saw {seen}, but with {nb} baseline and {nc} current session(s) and no repeated "
+            "sessions of this test in the store's history, the spread between sessions is "
+            "unknown: rounds of one session cannot tell a code change from a session's luck. "
+            "Run 2 or more sessions a side (docs/regression.md, the CI recipe)")
+    standard_error = spread.sd * math.sqrt(1 / nb + 1 / nc)
+    detectable = detectable_change(threshold, alpha, standard_error, spread.df)
+    if standard_error == 0:  # deterministic (peak memory): the change is exact
+        p_value = 0.5 if difference == 0 else 0.0
+    else:
+        p_value = t_sf(abs(difference) / standard_error, spread.df)
+    significant = p_value < alpha
+    beyond = abs(difference) > math.log1p(threshold)
+    sessions = (f"{nb} vs {nc} session(s), spread {spread.sd * 100:.2f} % from "
+                f"{spread.df} degree(s) of freedom")
     if significant and beyond:
-        verdict: Verdict = "regression" if worse else "improvement"
-        reason = (f"p = {test.p_value:.2g} < {alpha:g} and the median changed by "
-                  f"{_percent(change)} (threshold {threshold * 100:g} %)")
+        verdict: Verdict = "regression" if difference > 0 else "improvement"
+        reason = (f"{seen}, past the {threshold * 100:g} % threshold, and p = {p_value:.2g} < "
+                  f"{alpha:g} over sessions ({sessions})")
     else:
         verdict = "ok"
         if not significant:
-            reason = f"not significant (p = {test.p_value:.2g} >= {alpha:g})"
+            reason = (f"{seen} is within the spread between sessions (p = {p_value:.2g} >= "
+                      f"{alpha:g}; {sessions})")
         else:
-            reason = (f"significant, but the median changed by {_percent(change)}, within the "
-                      f"{threshold * 100:g} % threshold")
-    return SampleComparison(verdict, base_median, cur_median, change, test.p_value, test.method,
-                            shift, reason)
-
-
-def _percent(change: float | None) -> str:
-    return "an infinite amount (baseline 0)" if change is None else f"{change * 100:+.2f} %"
+            reason = (f"{seen} is significant (p = {p_value:.2g}) but within the "
+                      f"{threshold * 100:g} % threshold ({sessions})")
+        reason += f"; a slowdown of {detectable * 100:.1f} % would be caught 95 % of the time"
+    return SessionComparison(verdict, nb, nc, base, cur, change, p_value, detectable, spread,
+                             reason)
 
 
 def throttled_rounds(reasons: Sequence[int | None], sm_clocks: Sequence[float | None],

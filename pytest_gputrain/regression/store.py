@@ -1,87 +1,80 @@
-"""The benchmark store: one SQLite file (stdlib sqlite3), ``.gputrain/benchmarks.sqlite``.
+"""The benchmark store: one interface, two backends.
 
-Tables::
+- SQLite (``store_sqlite``, the standard library's sqlite3): one file, by default
+  ``.gputrain/benchmarks.sqlite`` in the rootdir. Embedded, nothing to run.
+- PostgreSQL (``store_postgres``, psycopg 3: ``pip install 'pytest-gputrain[postgres]'``): a
+  ``postgresql://`` URL, so that CI runners share one store and see each other's baselines.
+
+Both hold the same three tables with the same columns (PostgreSQL keeps them in its own schema,
+``gputrain``)::
 
     gputrain_schema (application, version, created_at)   the marker: which program, which schema
     runs    (id, name, created_at, fingerprint, fingerprint_hash, git_commit)
     results (id, run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds,
-             metrics  -- JSON: per-round arrays {"step_time": [...], "peak_vram": [...], ...}
-             summary) -- JSON: medians, spreads, throttled count, device, timer
+             metrics  -- JSON: per-round arrays {"step_time": [...], "throttled": [...], ...}
+             summary) -- JSON: medians, spreads, throttled count, device, timer, conditions
 
-The file is recognised before anything is written to it: a file that is not SQLite, an SQLite
-database without our marker (someone else's data), one written by a newer schema, or a corrupt
-one is refused with ``StoreError`` and left byte-for-byte untouched. Only a missing file or an
-empty one (no tables) is initialised.
+One run is one pytest session; runs may repeat a name, so a baseline can be several sessions
+(``select_runs``). A store is recognised before anything is written to it: one that someone else
+wrote, one written by a newer schema, or a damaged one is refused with ``StoreError`` and left
+untouched; only a missing or empty one is initialised. Every write is one transaction (a run
+and all its results together), retried while another writer holds a lock, so concurrent writers
+from several runners lose nothing and a reader never sees half a run.
 
-Several processes may write at once (parallel CI jobs on one host, ``multiprocessing`` writers):
-WAL journal, a busy timeout, retries with backoff on "database is locked", and one transaction per
-write, so a reader never sees half a run and no writer loses rows. (WAL needs a local file system:
-put the store on local disk, not NFS.)
+Import is light: sqlite3 and psycopg are imported by the backend that needs them.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import random
-import sqlite3
-import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 SCHEMA_VERSION = 1
 APPLICATION = "pytest-gputrain"
-APPLICATION_ID = 0x47505452  # "GPTR", in the SQLite header (PRAGMA application_id)
-SQLITE_MAGIC = b"SQLite format 3\x00"
 DEFAULT_DIR = ".gputrain"
 DEFAULT_NAME = "benchmarks.sqlite"
-BUSY_TIMEOUT_S = 30.0
-WRITE_ATTEMPTS = 12
+URL_SCHEMES = ("postgresql://", "postgres://")
+# A side of a comparison keeps at most this many sessions of one name and commit.
+MAX_SIDE_RUNS = 20
+
+Location = Path | str  # a SQLite file, or a PostgreSQL URL (str)
 
 _T = TypeVar("_T")
 
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS gputrain_schema (
-        application TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        created_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        fingerprint_hash TEXT NOT NULL,
-        git_commit TEXT
-    )""",
-    """CREATE TABLE IF NOT EXISTS results (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-        nodeid TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        fingerprint_hash TEXT NOT NULL,
-        rounds INTEGER NOT NULL,
-        metrics TEXT NOT NULL,
-        summary TEXT NOT NULL,
-        UNIQUE (run_id, nodeid)
-    )""",
-    "CREATE INDEX IF NOT EXISTS runs_name ON runs(name)",
-    "CREATE INDEX IF NOT EXISTS results_nodeid ON results(nodeid)",
-)
-_OUR_TABLES = {"gputrain_schema", "runs", "results", "sqlite_sequence"}
-
 
 class StoreError(Exception):
-    """The store cannot be used as it is (foreign, corrupt, newer, unreadable)."""
+    """The store cannot be used as it is (foreign, damaged, newer, unreachable, unreadable)."""
 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def is_url(location: object) -> bool:
+    return isinstance(location, str) and location.lower().startswith(URL_SCHEMES)
+
+
+def describe(location: Location) -> str:
+    """The location for messages: a URL without its password, a path as it is."""
+    if not is_url(location):
+        return str(location)
+    text = str(location)
+    parts = urllib.parse.urlsplit(text)
+    netloc = parts.netloc
+    if "@" in netloc:
+        credentials, host = netloc.rsplit("@", 1)
+        user = credentials.split(":", 1)[0]
+        netloc = f"{user}:***@{host}" if ":" in credentials else f"{user}@{host}"
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    hidden = [(k, "***" if k.lower() == "password" else v) for k, v in query]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path,
+                                    urllib.parse.urlencode(hidden, safe="/*"), parts.fragment))
 
 
 @dataclass(frozen=True)
@@ -104,9 +97,22 @@ class RunInfo:
                 "fingerprint_hash": self.fingerprint_hash, "result_count": self.result_count}
 
 
+def runs_label(runs: Sequence[RunInfo]) -> str:
+    """``'main' runs #4, #5, #6 (commit abc1234567, 3 sessions)``."""
+    if not runs:
+        return "no saved run"
+    if len(runs) == 1:
+        return runs[0].label()
+    names = sorted({run.name for run in runs})
+    commits = sorted({run.commit[:10] for run in runs if run.commit})
+    ids = ", ".join(f"#{run.id}" for run in sorted(runs, key=lambda r: r.id))
+    commit = f"commit {', '.join(commits)}, " if commits else ""
+    return f"{', '.join(repr(n) for n in names)} runs {ids} ({commit}{len(runs)} sessions)"
+
+
 @dataclass(frozen=True)
 class ResultRecord:
-    """One test's benchmark as stored: per-round arrays and a summary."""
+    """One test's benchmark in one session, as stored: per-round arrays and a summary."""
 
     nodeid: str
     fingerprint: dict[str, Any]
@@ -118,140 +124,49 @@ class ResultRecord:
     run_id: int | None = None
 
 
-def default_path(rootdir: Path) -> Path:
-    return rootdir / DEFAULT_DIR / DEFAULT_NAME
+class Writer(Protocol):
+    """What a write transaction can do (the backend supplies it)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> None: ...
+
+    def insert(self, sql: str, parameters: Sequence[Any] = ()) -> int:
+        """Run an INSERT into a table with an ``id`` column; the new row's id."""
+        ...
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
-    text = str(exc).lower()
-    return "locked" in text or "busy" in text
+_RUN_COLUMNS = ("SELECT r.id, r.name, r.created_at, r.fingerprint, r.fingerprint_hash, "
+                "r.git_commit, (SELECT COUNT(*) FROM results s WHERE s.run_id = r.id) "
+                "FROM runs r")
+_RESULT_COLUMNS = ("SELECT nodeid, fingerprint, fingerprint_hash, rounds, metrics, summary, "
+                   "created_at, run_id FROM results")
+_UPSERT_RESULT = (
+    "INSERT INTO results (run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds, "
+    "metrics, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, nodeid) DO UPDATE "
+    "SET created_at = excluded.created_at, fingerprint = excluded.fingerprint, "
+    "fingerprint_hash = excluded.fingerprint_hash, rounds = excluded.rounds, "
+    "metrics = excluded.metrics, summary = excluded.summary"
+)
 
 
-def inspect(path: Path) -> str:
-    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
+class Store(ABC):
+    """An open, recognised store. Use ``open_store(location)``; close it (or use ``with``).
 
-    Reads only: the header bytes, then a read-only SQLite connection. Never writes.
+    Backends supply reading (``_rows``), writing (``_write``: one transaction, retried while
+    another writer holds a lock) and closing; everything else is shared. SQL is written with
+    ``?`` placeholders.
     """
-    if not path.exists():
-        return "missing"
-    if path.is_dir():
-        raise StoreError(f"{path} is a directory, not a benchmark store file")
-    try:
-        with path.open("rb") as handle:
-            header = handle.read(len(SQLITE_MAGIC))
-    except OSError as exc:
-        raise StoreError(f"{path} cannot be read: {exc}") from None
-    wal = path.with_name(path.name + "-wal")
-    if not header and not wal.exists():
-        return "empty"
-    if header and header != SQLITE_MAGIC:
-        raise StoreError(
-            f"{path} is not an SQLite database (not written by pytest-gputrain); it was left "
-            "untouched. Move it away or set gpu_store / --gpu-store to another file"
-        )
-    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
-    try:
-        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path} cannot be opened: {exc}") from None
-    try:
-        return _classify(connection, path)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(
-            f"{path} is corrupt or not an SQLite database ({exc}); it was left untouched. "
-            "Move it away or set gpu_store / --gpu-store to another file"
-        ) from None
-    finally:
-        connection.close()
 
+    #: where the store is, for messages (a URL without its password)
+    where: str
 
-def _classify(connection: sqlite3.Connection, path: Path) -> str:
-    tables = {row[0] for row in connection.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    application_id = int(connection.execute("PRAGMA application_id").fetchone()[0])
-    if not tables and application_id in (0, APPLICATION_ID):
-        return "empty"
-    if application_id not in (0, APPLICATION_ID) or "gputrain_schema" not in tables:
-        listed = ", ".join(sorted(tables)[:6]) or "none"
-        raise StoreError(
-            f"{path} is an SQLite database that pytest-gputrain did not write (no "
-            f"gputrain_schema marker; tables: {listed}); it was left untouched. Set gpu_store / "
-            "--gpu-store to another file"
-        )
-    rows = connection.execute("SELECT application, version FROM gputrain_schema").fetchall()
-    if len(rows) != 1 or rows[0][0] != APPLICATION:
-        raise StoreError(f"{path}: unrecognised gputrain_schema marker {rows!r}; it was left "
-                         "untouched. Set gpu_store / --gpu-store to another file")
-    version = int(rows[0][1])
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path} was written by a newer pytest-gputrain (store schema {version}; this "
-            f"version reads up to {SCHEMA_VERSION}); it was left untouched. Upgrade "
-            "pytest-gputrain or set gpu_store / --gpu-store to another file"
-        )
-    if version < 1 or not {"runs", "results"} <= tables:
-        raise StoreError(f"{path}: damaged pytest-gputrain store (schema {version}, tables "
-                         f"{sorted(tables)}); it was left untouched")
-    return "ours"
+    @abstractmethod
+    def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
+    @abstractmethod
+    def _write(self, action: Callable[[Writer], _T]) -> _T: ...
 
-class Store:
-    """An open, recognised store. Use ``Store.open(path)``; close it (or use ``with``)."""
-
-    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
-        self.path = path
-        self._connection = connection
-
-    @classmethod
-    def open(cls, path: Path, *, create: bool = True) -> Store:
-        """Open ``path``, creating and initialising it when missing or empty (and ``create``)."""
-        state = inspect(path)
-        if state == "missing" and not create:
-            raise StoreError(f"no benchmark store at {path} (save a run first: --gpu-save=NAME)")
-        if state == "missing":
-            path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            connection = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S,
-                                         isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path} cannot be opened: {exc}") from None
-        store = cls(path, connection)
-        try:
-            connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            connection.execute("PRAGMA foreign_keys = ON")
-            if state != "ours":
-                store._retry(store._initialise)
-            store._retry(store._use_wal)
-        except StoreError:
-            connection.close()
-            raise
-        except sqlite3.DatabaseError as exc:
-            connection.close()
-            raise StoreError(f"{path}: {exc}") from None
-        return store
-
-    def _initialise(self) -> None:
-        with self._transaction() as connection:
-            # Re-check under the write lock: another process may have initialised it meanwhile.
-            state = _classify(connection, self.path)
-            if state == "ours":
-                return
-            connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            for statement in _SCHEMA:
-                connection.execute(statement)
-            connection.execute(
-                "INSERT INTO gputrain_schema (application, version, created_at) VALUES (?, ?, ?)",
-                (APPLICATION, SCHEMA_VERSION, now()),
-            )
-
-    def _use_wal(self) -> None:
-        mode = self._connection.execute("PRAGMA journal_mode").fetchone()[0]
-        if str(mode).lower() != "wal":
-            self._connection.execute("PRAGMA journal_mode = WAL")
-        self._connection.execute("PRAGMA synchronous = NORMAL")
-
-    def close(self) -> None:
-        self._connection.close()
+    @abstractmethod
+    def close(self) -> None: ...
 
     def __enter__(self) -> Store:
         return self
@@ -259,46 +174,16 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        connection = self._connection
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            yield connection
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
-
-    def _retry(self, action: Callable[[], _T]) -> _T:
-        """Run a write, retrying while another writer holds the lock past the busy timeout."""
-        delay = 0.05
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                return action()
-            except sqlite3.OperationalError as exc:
-                if not _is_locked(exc) or attempt == WRITE_ATTEMPTS - 1:
-                    raise StoreError(f"{self.path}: could not write: {exc}") from None
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")  # pragma: no cover
-
     # -- writing ---------------------------------------------------------------------------
 
     def create_run(self, name: str, fingerprint: dict[str, Any], fingerprint_hash: str,
                    commit: str | None, created_at: str | None = None) -> int:
-        def write() -> int:
-            with self._transaction() as connection:
-                return self._insert_run(connection, name, fingerprint, fingerprint_hash, commit,
-                                        created_at)
-        return self._retry(write)
+        return self._write(lambda w: _insert_run(w, name, fingerprint, fingerprint_hash,
+                                                  commit, created_at))
 
     def add_result(self, run_id: int, record: ResultRecord) -> None:
         """Add (or replace) one test's result in one transaction."""
-        def write() -> None:
-            with self._transaction() as connection:
-                self._insert_result(connection, run_id, record)
-        self._retry(write)
+        self._write(lambda w: _insert_result(w, run_id, record))
 
     def save_run(self, name: str, fingerprint: dict[str, Any], fingerprint_hash: str,
                  commit: str | None, records: Iterable[ResultRecord],
@@ -306,45 +191,19 @@ class Store:
         """A run and all its results in one transaction: readers see all of it or none."""
         records = list(records)
 
-        def write() -> int:
-            with self._transaction() as connection:
-                run_id = self._insert_run(connection, name, fingerprint, fingerprint_hash, commit,
-                                          created_at)
-                for record in records:
-                    self._insert_result(connection, run_id, record)
-                return run_id
-        return self._retry(write)
-
-    @staticmethod
-    def _insert_run(connection: sqlite3.Connection, name: str, fingerprint: dict[str, Any],
-                    fingerprint_hash: str, commit: str | None, created_at: str | None) -> int:
-        cursor = connection.execute(
-            "INSERT INTO runs (name, created_at, fingerprint, fingerprint_hash, git_commit) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (name, created_at or now(), json.dumps(fingerprint, sort_keys=True),
-             fingerprint_hash, commit),
-        )
-        return int(cursor.lastrowid or 0)
-
-    @staticmethod
-    def _insert_result(connection: sqlite3.Connection, run_id: int, record: ResultRecord) -> None:
-        connection.execute(
-            "INSERT OR REPLACE INTO results (run_id, nodeid, created_at, fingerprint, "
-            "fingerprint_hash, rounds, metrics, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, record.nodeid, record.created_at or now(),
-             json.dumps(record.fingerprint, sort_keys=True), record.fingerprint_hash,
-             record.rounds, json.dumps(record.metrics), json.dumps(record.summary)),
-        )
+        def write(writer: Writer) -> int:
+            run_id = _insert_run(writer, name, fingerprint, fingerprint_hash, commit, created_at)
+            for record in records:
+                _insert_result(writer, run_id, record)
+            return run_id
+        return self._write(write)
 
     # -- reading ---------------------------------------------------------------------------
 
     def runs(self, *, name: str | None = None, run_id: int | None = None,
              limit: int | None = None) -> list[RunInfo]:
         """Saved runs, newest first."""
-        query = (
-            "SELECT r.id, r.name, r.created_at, r.fingerprint, r.fingerprint_hash, r.git_commit, "
-            "(SELECT COUNT(*) FROM results s WHERE s.run_id = r.id) FROM runs r WHERE 1 = 1"
-        )
+        query = _RUN_COLUMNS + " WHERE 1 = 1"
         parameters: list[Any] = []
         if name is not None:
             query += " AND r.name = ?"
@@ -356,13 +215,7 @@ class Store:
         if limit is not None:
             query += " LIMIT ?"
             parameters.append(limit)
-        return [self._run(row) for row in self._connection.execute(query, parameters)]
-
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> RunInfo:
-        return RunInfo(id=int(row[0]), name=str(row[1]), created_at=str(row[2]),
-                       fingerprint=json.loads(row[3]), fingerprint_hash=str(row[4]),
-                       commit=row[5], result_count=int(row[6]))
+        return [_run(row) for row in self._rows(query, parameters)]
 
     def run(self, run_id: int) -> RunInfo | None:
         found = self.runs(run_id=run_id)
@@ -370,40 +223,149 @@ class Store:
 
     def find_run(self, spec: str, prefer_hash: str | None = None) -> RunInfo | None:
         """``latest`` (newest, preferring one whose fingerprint hash is ``prefer_hash``),
-        ``#ID``, or a name (the newest run saved under it)."""
-        if spec == "latest":
-            runs = self.runs()
-            if prefer_hash is not None:
-                for info in runs:
-                    if info.fingerprint_hash == prefer_hash:
-                        return info
-            return runs[0] if runs else None
+        ``#ID``, or a name (its newest run, preferring ``prefer_hash`` among that name's)."""
         if spec.startswith("#") and spec[1:].isdigit():
             return self.run(int(spec[1:]))
-        found = self.runs(name=spec, limit=1)
-        return found[0] if found else None
+        candidates = self.runs(name=None if spec == "latest" else spec, limit=500)
+        if prefer_hash is not None:
+            for info in candidates:
+                if info.fingerprint_hash == prefer_hash:
+                    return info
+        return candidates[0] if candidates else None
+
+    def select_runs(self, spec: str, prefer_hash: str | None = None) -> list[RunInfo]:
+        """The sessions a spec names, newest first: for ``#ID`` that run; for a name or
+        ``latest``, the newest run and the other runs of its name, commit and environment
+        (the repeated sessions of one code version), at most ``MAX_SIDE_RUNS``."""
+        newest = self.find_run(spec, prefer_hash)
+        if newest is None:
+            return []
+        if spec.startswith("#"):
+            return [newest]
+        return self.sessions_like(newest)
+
+    def sessions_like(self, run: RunInfo) -> list[RunInfo]:
+        """Runs with the name, commit and fingerprint hash of ``run``, newest first."""
+        query = _RUN_COLUMNS + " WHERE r.name = ? AND r.fingerprint_hash = ? AND r.id <= ?"
+        parameters: list[Any] = [run.name, run.fingerprint_hash, run.id]
+        if run.commit is None:
+            query += " AND r.git_commit IS NULL"
+        else:
+            query += " AND r.git_commit = ?"
+            parameters.append(run.commit)
+        query += " ORDER BY r.id DESC LIMIT ?"
+        parameters.append(MAX_SIDE_RUNS)
+        return [_run(row) for row in self._rows(query, parameters)]
 
     def results(self, run_id: int) -> dict[str, ResultRecord]:
-        rows = self._connection.execute(
-            "SELECT nodeid, fingerprint, fingerprint_hash, rounds, metrics, summary, created_at, "
-            "run_id FROM results WHERE run_id = ? ORDER BY id", (run_id,))
-        return {row[0]: self._result(row) for row in rows}
+        rows = self._rows(_RESULT_COLUMNS + " WHERE run_id = ? ORDER BY id", (run_id,))
+        return {row[0]: _result(row) for row in rows}
 
-    def history(self, nodeid: str) -> list[tuple[RunInfo, ResultRecord]]:
-        """One test's results across runs, oldest first."""
-        runs = {info.id: info for info in self.runs()}
-        rows = self._connection.execute(
-            "SELECT nodeid, fingerprint, fingerprint_hash, rounds, metrics, summary, created_at, "
-            "run_id FROM results WHERE nodeid = ? ORDER BY run_id", (nodeid,))
-        return [(runs[int(row[7])], self._result(row)) for row in rows if int(row[7]) in runs]
+    def results_of(self, runs: Iterable[RunInfo]) -> dict[str, list[ResultRecord]]:
+        """Each test's results in these runs (one per session), oldest run first."""
+        found: dict[str, list[ResultRecord]] = {}
+        for run in sorted(runs, key=lambda r: r.id):
+            for nodeid, record in self.results(run.id).items():
+                found.setdefault(nodeid, []).append(record)
+        return found
+
+    def history(self, nodeid: str, *, fingerprint_hash: str | None = None,
+                limit: int | None = None) -> list[tuple[RunInfo, ResultRecord]]:
+        """One test's results across runs, oldest first (the newest ``limit`` of them)."""
+        query = _RESULT_COLUMNS + " WHERE nodeid = ?"
+        parameters: list[Any] = [nodeid]
+        if fingerprint_hash is not None:
+            query += " AND fingerprint_hash = ?"
+            parameters.append(fingerprint_hash)
+        query += " ORDER BY run_id DESC"
+        if limit is not None:
+            query += " LIMIT ?"
+            parameters.append(limit)
+        rows = self._rows(query, parameters)
+        ids = sorted({int(row[7]) for row in rows})
+        runs: dict[int, RunInfo] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            for row in self._rows(_RUN_COLUMNS + f" WHERE r.id IN ({marks})", chunk):
+                info = _run(row)
+                runs[info.id] = info
+        return [(runs[int(row[7])], _result(row)) for row in reversed(rows)
+                if int(row[7]) in runs]
 
     def nodeids(self) -> list[str]:
-        return [row[0] for row in self._connection.execute(
+        return [str(row[0]) for row in self._rows(
             "SELECT DISTINCT nodeid FROM results ORDER BY nodeid")]
 
-    @staticmethod
-    def _result(row: tuple[Any, ...]) -> ResultRecord:
-        return ResultRecord(nodeid=str(row[0]), fingerprint=json.loads(row[1]),
-                            fingerprint_hash=str(row[2]), rounds=int(row[3]),
-                            metrics=json.loads(row[4]), summary=json.loads(row[5]),
-                            created_at=str(row[6]), run_id=int(row[7]))
+
+_LEFT_ALONE = "; it was left untouched. Set gpu_store / --gpu-store to another store"
+
+
+def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str) -> str:
+    """"ours", or ``StoreError`` for a marker of another program, a newer schema or missing
+    tables: the same rules for every backend."""
+    if len(rows) != 1 or rows[0][0] != APPLICATION:
+        raise StoreError(f"{where}: unrecognised gputrain_schema marker {list(rows)!r}"
+                         + _LEFT_ALONE)
+    version = int(rows[0][1])
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{where} was written by a newer pytest-gputrain (store schema {version}; this "
+            f"version reads up to {SCHEMA_VERSION}); it was left untouched. Upgrade "
+            "pytest-gputrain or set gpu_store / --gpu-store to another store")
+    if version < 1 or not {"runs", "results"} <= tables:
+        raise StoreError(f"{where}: damaged pytest-gputrain store (schema {version}, tables "
+                         f"{sorted(tables)}); it was left untouched")
+    return "ours"
+
+
+def _insert_run(writer: Writer, name: str, fingerprint: dict[str, Any], fingerprint_hash: str,
+                commit: str | None, created_at: str | None) -> int:
+    return writer.insert(
+        "INSERT INTO runs (name, created_at, fingerprint, fingerprint_hash, git_commit) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (name, created_at or now(), json.dumps(fingerprint, sort_keys=True), fingerprint_hash,
+         commit))
+
+
+def _insert_result(writer: Writer, run_id: int, record: ResultRecord) -> None:
+    writer.execute(_UPSERT_RESULT, (
+        run_id, record.nodeid, record.created_at or now(),
+        json.dumps(record.fingerprint, sort_keys=True), record.fingerprint_hash, record.rounds,
+        json.dumps(record.metrics), json.dumps(record.summary)))
+
+
+def _run(row: Sequence[Any]) -> RunInfo:
+    return RunInfo(id=int(row[0]), name=str(row[1]), created_at=str(row[2]),
+                   fingerprint=json.loads(row[3]), fingerprint_hash=str(row[4]),
+                   commit=row[5], result_count=int(row[6]))
+
+
+def _result(row: Sequence[Any]) -> ResultRecord:
+    return ResultRecord(nodeid=str(row[0]), fingerprint=json.loads(row[1]),
+                        fingerprint_hash=str(row[2]), rounds=int(row[3]),
+                        metrics=json.loads(row[4]), summary=json.loads(row[5]),
+                        created_at=str(row[6]), run_id=int(row[7]))
+
+
+def inspect(location: Location) -> str:
+    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
+    Reads only."""
+    if is_url(location):
+        from pytest_gputrain.regression import store_postgres
+
+        return store_postgres.inspect(str(location))
+    from pytest_gputrain.regression import store_sqlite
+
+    return store_sqlite.inspect(Path(location))
+
+
+def open_store(location: Location, *, create: bool = True) -> Store:
+    """Open a store, creating and initialising it when missing or empty (and ``create``)."""
+    if is_url(location):
+        from pytest_gputrain.regression import store_postgres
+
+        return store_postgres.PostgresStore.open(str(location), create=create)
+    from pytest_gputrain.regression import store_sqlite
+
+    return store_sqlite.SqliteStore.open(Path(location), create=create)

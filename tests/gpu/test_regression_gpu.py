@@ -1,5 +1,6 @@
-"""The regression gate on a real GPU: CUDA-event timing, per-round peak VRAM and NVML samples,
-and a save/compare session that catches a slowed CUDA step. Skipped without CUDA."""
+"""The regression gate on a real GPU: CUDA-event timing, peak VRAM per phase, NVML samples from
+the sampler thread given to rounds, the session's conditions, and sessions saved and compared
+that catch a slowed CUDA step. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -28,14 +29,18 @@ def test_cuda_timing_and_vram() -> None:
     assert result.device.startswith("cuda:")
     assert 20 <= result.rounds <= 40
     assert all(t > 0 for t in result.step_time)
-    assert result.peak_vram is not None
+    assert result.peak_vram is not None and 1 <= len(result.peak_vram) <= 2  # one per phase
     assert min(result.peak_vram) >= 2 * 2048 * 2048 * 4  # x and x @ x, fp32
     assert result.fingerprint["gpu_name"]
     assert result.fingerprint["torch_cuda"]
+    assert result.conditions["cudnn_benchmark"] == torch.backends.cudnn.benchmark
+    assert result.conditions["tf32_matmul"] == torch.backends.cuda.matmul.allow_tf32
     print(json.dumps(result.summary(), indent=1))
-    if result.sm_clock is not None:  # NVML answered
-        assert any(c for c in result.sm_clock if c)
+    if result.sm_clock is not None:  # NVML answered: every round has the nearest sample
+        assert len(result.sm_clock) == result.rounds
+        assert all(c for c in result.sm_clock)
         assert result.clock_event_reasons is not None
+        assert result.conditions["sm_clock_median"] > 0
 
 
 def test_cuda_save_and_compare(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
@@ -60,8 +65,12 @@ def test_cuda_save_and_compare(pytester: pytest.Pytester, monkeypatch: pytest.Mo
     """)
     monkeypatch.setenv("REPEATS", "4")
     plugin = ("-p", "pytest_gputrain.regression.plugin", "-p", "no:cacheprovider")
-    saved = pytester.runpytest(*plugin, "--gpu-save=base")
-    assert saved.ret == 0, saved.stdout.str()
+    for _ in range(3):  # a baseline of three sessions
+        saved = pytester.runpytest(*plugin, "--gpu-save=base")
+        assert saved.ret == 0, saved.stdout.str()
+    same = pytester.runpytest(*plugin, "--gpu-compare=base")
+    print(same.stdout.str())
+    assert same.ret == 0
     monkeypatch.setenv("REPEATS", "5")  # +25 % work
     out = tmp_path / "gate.json"
     compared = pytester.runpytest(*plugin, "--gpu-compare=base",
@@ -71,4 +80,6 @@ def test_cuda_save_and_compare(pytester: pytest.Pytester, monkeypatch: pytest.Mo
     document = json.loads(out.read_text())
     (row,) = [c for c in document["comparisons"] if c["metric"] == "step_time"]
     assert row["verdict"] == "regression"
+    assert row["baseline"]["sessions"] == 3 and row["current"]["sessions"] == 1
     assert 0.15 < row["change"] < 0.35
+    assert row["detectable_change"] < 0.15

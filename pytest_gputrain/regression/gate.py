@@ -1,7 +1,7 @@
 """The controller's work: check the store at start-up; compare, save and write outputs at the end.
 
 Runs in the controller only (the single process, or xdist's controller, which receives the
-workers' results through ``workeroutput``), so a session is one writer of one run.
+workers' results through ``workeroutput``), so a pytest session is one writer of one run.
 """
 
 from __future__ import annotations
@@ -18,45 +18,56 @@ from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import (
     GateReport,
     GateSettings,
-    compare_session,
+    as_record,
+    compare_sides,
     session_fingerprint,
+    store_history,
 )
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
-from pytest_gputrain.regression.store import ResultRecord, Store, StoreError, inspect
+from pytest_gputrain.regression.store import (
+    RunInfo,
+    Store,
+    StoreError,
+    describe,
+    inspect,
+    open_store,
+)
 
 
 def check_store(settings: RegressionSettings) -> None:
-    """Refuse a foreign, corrupt or newer store, or an unknown ``--gpu-compare`` name, up front.
-
-    Read-only: nothing is created or changed here.
-    """
-    path = settings.store_path
+    """Refuse a foreign, damaged, newer or unreachable store, or an unknown ``--gpu-compare``
+    name, up front. Read-only: nothing is created or changed here."""
+    where = describe(settings.store)
     try:
-        state = inspect(path)
+        state = inspect(settings.store)
         if not settings.compare or settings.compare == "latest":
             return
         if state != "ours":
             raise pytest.UsageError(
                 f"gpu_compare / --gpu-compare: no run {settings.compare!r}: the benchmark store "
-                f"{path} has no saved runs yet (save one with --gpu-save=NAME)")
-        with Store.open(path, create=False) as store:
+                f"{where} has no saved runs yet (save one with --gpu-save=NAME)")
+        with open_store(settings.store, create=False) as store:
             if store.find_run(settings.compare) is None:
                 names = sorted({run.name for run in store.runs(limit=200)})
                 listed = ", ".join(names[:12]) or "none"
                 raise pytest.UsageError(
-                    f"gpu_compare / --gpu-compare: no saved run {settings.compare!r} in {path} "
+                    f"gpu_compare / --gpu-compare: no saved run {settings.compare!r} in {where} "
                     f"(saved: {listed}; `python -m pytest_gputrain history` lists them); e.g. "
                     "--gpu-compare=latest")
     except StoreError as exc:
         raise pytest.UsageError(f"gpu_store: {exc}") from None
 
 
-def _record(result: BenchmarkResult, raw: dict[str, Any]) -> ResultRecord:
-    return ResultRecord(nodeid=result.nodeid, fingerprint=result.fingerprint,
-                        fingerprint_hash=fingerprint_hash(result.fingerprint),
-                        rounds=result.rounds, metrics=raw.get("metrics") or result.metrics(),
-                        summary=raw.get("summary") or result.summary())
+def save_results(store: Store, name: str, results: list[BenchmarkResult],
+                 commit: str | None) -> RunInfo:
+    """Save one session's results as one run (one transaction); the saved run."""
+    fingerprint = session_fingerprint(results)
+    run_id = store.save_run(name, fingerprint, fingerprint_hash(fingerprint), commit,
+                            [as_record(result) for result in results])
+    saved = store.run(run_id)
+    assert saved is not None
+    return saved
 
 
 def finish(config: pytest.Config, settings: RegressionSettings,
@@ -69,13 +80,13 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force),
                         benchmarks=results, compare_spec=settings.compare,
                         save_name=settings.save)
-    fingerprint = session_fingerprint(results)
+    _note_profiled(report, results)
     if settings.save and not save:
         report.notes.append(f"gpu_save={settings.save!r}: the session was interrupted; "
                             "nothing saved")
         settings = replace(settings, save=None)
     if settings.uses_store:
-        _use_store(config, settings, report, results, records, fingerprint)
+        _use_store(config, settings, report, results)
     if settings.json_path is not None:
         _write_json(settings.json_path, report)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -84,44 +95,57 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     return report
 
 
+def _note_profiled(report: GateReport, results: list[BenchmarkResult]) -> None:
+    """Benchmarks timed after a torch profiler ran in the same process pay for CUPTI."""
+    profiled = [r.nodeid for r in results if r.conditions.get("profiler_before")
+                and r.conditions.get("teardown_cupti") != "1"]
+    if profiled:
+        report.notes.append(
+            f"{len(profiled)} benchmark(s) ran after a torch profiler in the same process (e.g. "
+            f"{profiled[0]}): kineto leaves CUPTI attached, which slows every kernel launch, so "
+            "these timings are not like those of a session without a profiler. Run benchmarks "
+            "in a session of their own, or set TEARDOWN_CUPTI=1")
+
+
 def _use_store(config: pytest.Config, settings: RegressionSettings, report: GateReport,
-               results: list[BenchmarkResult], records: list[dict[str, Any]],
-               fingerprint: dict[str, Any]) -> None:
-    path = settings.store_path
+               results: list[BenchmarkResult]) -> None:
     try:
-        state = inspect(path)
+        state = inspect(settings.store)
         if state == "missing" and not settings.save:
-            report.notes.append(f"no benchmark store at {path} yet: nothing to compare with "
-                                "(save a baseline with --gpu-save=NAME)")
+            report.notes.append(f"no benchmark store at {describe(settings.store)} yet: nothing "
+                                "to compare with (save a baseline with --gpu-save=NAME)")
             return
-        with Store.open(path, create=True) as store:
+        with open_store(settings.store, create=True) as store:
             if settings.compare:
-                prefer = fingerprint_hash(fingerprint) if fingerprint else None
-                report.baseline = store.find_run(settings.compare, prefer_hash=prefer)
-                if report.baseline is None:
-                    report.notes.append(f"no saved run matches gpu_compare="
-                                        f"{settings.compare!r}: nothing compared")
-                else:
-                    baseline = store.results(report.baseline.id)
-                    report.comparisons = compare_session(results, baseline, report.settings)
-                    missing = sorted(set(baseline) - {r.nodeid for r in results})
-                    if missing:
-                        report.notes.append(f"{len(missing)} test(s) of the baseline did not "
-                                            "run a benchmark this time")
+                _compare(store, settings.compare, report, results)
             if settings.save:
                 if not results:
                     report.notes.append(f"gpu_save={settings.save!r}: no gpu_benchmark result "
                                         "in this session (passed tests only); nothing saved")
                     return
                 report.commit = git_commit(Path(config.rootpath))
-                saved = [_record(result, raw) for result, raw in zip(results, records,
-                                                                      strict=True)]
-                run_id = store.save_run(settings.save, fingerprint,
-                                        fingerprint_hash(fingerprint), report.commit, saved)
-                report.saved_run = store.run(run_id)
+                report.saved_run = save_results(store, settings.save, results, report.commit)
     except StoreError as exc:
         report.notes.append(f"benchmark store error: {exc}")
         report.errors.append(str(exc))
+
+
+def _compare(store: Store, spec: str, report: GateReport, results: list[BenchmarkResult]) -> None:
+    """This session (one session a side) against the sessions ``spec`` names."""
+    fingerprint = session_fingerprint(results)
+    prefer = fingerprint_hash(fingerprint) if fingerprint else None
+    report.baseline_runs = store.select_runs(spec, prefer_hash=prefer)
+    if not report.baseline_runs:
+        report.notes.append(f"no saved run matches gpu_compare={spec!r}: nothing compared")
+        return
+    baseline = store.results_of(report.baseline_runs)
+    current = {result.nodeid: [as_record(result)] for result in results}
+    history = store_history(store, {run.id for run in report.baseline_runs})
+    report.comparisons = compare_sides(baseline, current, report.settings, history)
+    missing = sorted(set(baseline) - set(current))
+    if missing:
+        report.notes.append(f"{len(missing)} test(s) of the baseline did not run a benchmark "
+                            "this time")
 
 
 def _write_json(path: Path, report: GateReport) -> None:

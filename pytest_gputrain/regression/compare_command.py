@@ -1,0 +1,133 @@
+"""``python -m pytest_gputrain compare BASELINE CURRENT``: the gate over two saved names.
+
+    python -m pytest_gputrain compare main pr-123 [--store PATH|URL] [--format text|md|json]
+        [--regression "step_time:2.5%,peak_vram:2%"] [--alpha 0.01] [--force]
+
+Each side is every session saved under its name at the newest commit of that name, in one
+environment (``NAME``), or one run (``#ID``); ``latest`` is the newest run's sessions. This is
+how CI compares after running interleaved sessions of the base and the candidate (the recipe in
+docs/regression.md). Exit status: 0 when the gate passes, 1 on a regression, 2 when the store or
+the arguments cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pytest_gputrain.regression.compare import (
+    GateReport,
+    GateSettings,
+    compare_sides,
+    store_history,
+)
+from pytest_gputrain.regression.history import HistoryError, add_store_argument, locate
+from pytest_gputrain.regression.settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_REGRESSION,
+    REGRESSION_EXAMPLE,
+    parse_alpha,
+    parse_thresholds,
+)
+from pytest_gputrain.regression.store import RunInfo, Store, StoreError, open_store
+
+
+class CompareError(Exception):
+    pass
+
+
+def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``compare`` subcommand to ``parser.add_subparsers()``'s result."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "compare", help="compare two saved names (the sessions of each); exit 1 on a regression",
+        description="Compare the sessions saved under CURRENT with those saved under BASELINE "
+                    "(each: NAME, #ID or latest), test by test, over sessions.")
+    parser.add_argument("baseline", metavar="BASELINE", help="the baseline: NAME, #ID or latest")
+    parser.add_argument("current", metavar="CURRENT", help="the candidate: NAME, #ID or latest")
+    add_store_argument(parser)
+    parser.add_argument("--regression", metavar="SPEC", default=DEFAULT_REGRESSION,
+                        help=f"what counts as a regression (default {DEFAULT_REGRESSION})")
+    parser.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+                        help=f"significance level over sessions (default {DEFAULT_ALPHA})")
+    parser.add_argument("--force", action="store_true",
+                        help="compare even when the environment fingerprints differ")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text")
+    parser.set_defaults(func=cmd_compare)
+    return parser
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        report = _compare(args)
+    except (CompareError, HistoryError, StoreError) as exc:
+        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        from pytest_gputrain.regression.output import report_json
+
+        print(json.dumps(report_json(report), indent=2, allow_nan=False))
+    elif args.format == "md":
+        from pytest_gputrain.regression.output import markdown
+
+        sys.stdout.write(markdown(report))
+    else:
+        from pytest_gputrain.regression.output import compare_lines
+
+        for line, _ in compare_lines(report):
+            print(line)
+        for note in report.notes:
+            print(note)
+    return 1 if report.failed else 0
+
+
+def _settings(args: argparse.Namespace) -> GateSettings:
+    try:
+        thresholds = parse_thresholds(args.regression)
+    except ValueError as exc:
+        raise CompareError(f"--regression: {exc}") from None
+    if not thresholds:
+        raise CompareError(f"--regression {args.regression!r} gates no metric; e.g. "
+                           f"{REGRESSION_EXAMPLE.replace('--gpu-regression', '--regression')}")
+    try:
+        alpha = parse_alpha(args.alpha)
+    except ValueError as exc:
+        raise CompareError(f"--alpha: {exc}") from None
+    return GateSettings(thresholds, alpha, bool(args.force))
+
+
+def _compare(args: argparse.Namespace) -> GateReport:
+    settings = _settings(args)
+    with open_store(locate(args.store), create=False) as store:
+        report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current)
+        report.current_runs = _select(store, args.current, None)
+        prefer = report.current_runs[0].fingerprint_hash
+        report.baseline_runs = _select(store, args.baseline, prefer)
+        overlap = {r.id for r in report.current_runs} & {r.id for r in report.baseline_runs}
+        if overlap:
+            raise CompareError(f"{args.baseline!r} and {args.current!r} name the same sessions "
+                               f"(runs {', '.join(f'#{i}' for i in sorted(overlap))}); compare "
+                               "two different names")
+        baseline = store.results_of(report.baseline_runs)
+        current = store.results_of(report.current_runs)
+        history = store_history(store, {r.id for r in report.baseline_runs}
+                                | {r.id for r in report.current_runs})
+        report.comparisons = compare_sides(baseline, current, settings, history)
+        missing = sorted(set(baseline) - set(current))
+        if missing:
+            report.notes.append(f"{len(missing)} test(s) of the baseline have no result in "
+                                f"{args.current!r}: {', '.join(missing[:5])}")
+        if not current:
+            report.notes.append(f"{args.current!r} holds no benchmark result")
+    return report
+
+
+def _select(store: Store, spec: str, prefer_hash: str | None) -> list[RunInfo]:
+    runs = store.select_runs(spec, prefer_hash=prefer_hash)
+    if not runs:
+        names = sorted({run.name for run in store.runs(limit=200)})
+        listed = ", ".join(names[:12]) or "none"
+        raise CompareError(f"no saved run {spec!r} in {store.where} (saved: {listed}; "
+                           "`python -m pytest_gputrain history` lists them)")
+    return runs

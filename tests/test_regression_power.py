@@ -1,0 +1,96 @@
+"""benchmarks/regression_power.py: sessions in their own processes, saved in a real store and
+compared by the gate from another process; a CPU smoke run and the recipe's session count."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_gputrain.regression.store import open_store
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _power_module() -> object:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import regression_power
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return regression_power
+
+
+def test_required_sessions_matches_scipy() -> None:
+    from scipy import stats as scipy_stats  # a test dependency, imported where it is used
+
+    module = _power_module()
+    required = module.required_sessions  # type: ignore[attr-defined]
+
+    def by_scipy(spread: float, slowdown: float, threshold: float, alpha: float) -> int:
+        for n in range(2, 51):
+            se, df = spread * math.sqrt(2 / n), 2 * n - 2
+            bound = max(math.log1p(threshold), scipy_stats.t.ppf(1 - alpha, df) * se)
+            if scipy_stats.t.sf((bound - math.log1p(slowdown)) / se, df) >= 0.95:
+                return n
+        raise AssertionError("more than 50")
+
+    for spread in (0.0007, 0.0036, 0.01, 0.02):
+        assert required(spread, 30, 0.05, 0.025, 0.01) == by_scipy(spread, 0.05, 0.025, 0.01)
+    assert required(0.0036, 30, 0.05, 0.025, 0.01) == 2
+    assert required(0.02, 30, 0.05, 0.025, 0.01) > required(0.01, 30, 0.05, 0.025, 0.01)
+    assert required(0.5, 30, 0.05, 0.025, 0.01) is None  # more than 50 a side
+
+
+def test_cpu_smoke_run(tmp_path: Path) -> None:
+    """Every session its own process, saved in the store; trials drawn from the pools and
+    decided in the parent; figures printed and written as JSON."""
+    store = tmp_path / "power.sqlite"
+    out = tmp_path / "power.json"
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "regression_power.py"), "--device", "cpu",
+         "--steps", "gpu", "--sessions", "2", "--trials", "20", "--pool", "2", "--rounds", "10",
+         "--warmup", "1", "--budget-s", "400", "--store", str(store), "--json", str(out)],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    text = completed.stdout
+    assert "regression power: sessions in separate processes on cpu" in text
+    assert "== compute-bound (CPU stand-in): MLP" in text
+    assert "trials: each draws 2 + 2 different sessions from the pools" in text
+    for line in ("power for a 5 % slowdown: ", "false alarms on unchanged code: ",
+                 "sessions the recipe needs"):
+        assert line in text
+    report = json.loads(out.read_text())
+    figures = report["steps"]["gpu"]
+    pool = figures["pool"]
+    assert len(pool["unchanged"]) == 4 and len(pool["slowed"]) == 2
+    pids = [s["pid"] for s in pool["unchanged"] + pool["slowed"]]
+    pids.append(figures["calibration"]["pid"])
+    assert len(set(pids)) == 7 and report["pid"] not in pids  # a process per session
+    rows = figures["trial_rows"]
+    assert len(rows["slowed"]) == 20 and len(rows["unchanged"]) == 20
+    for row in rows["unchanged"]:
+        assert not set(row["baseline_runs"]) & set(row["current_runs"])
+        assert len(row["baseline_runs"]) == len(row["current_runs"]) == 2
+    assert figures["caught"] == sum(r["verdict"] == "regression" for r in rows["slowed"])
+    assert f"{figures['caught']}/20 caught" in text
+    with open_store(store, create=False) as saved:
+        runs = saved.runs()
+    assert len(runs) == 7
+    assert {r.name.split("/")[1] for r in runs} == {"calibration", "unchanged", "slowed"}
+    saved_ids = {r.id for r in runs}
+    assert {s["run_id"] for s in pool["unchanged"] + pool["slowed"]} <= saved_ids
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "101"], ["--steps", "nope"],
+                                  ["--sessions", "3", "--pool", "2"],
+                                  ["--device", "cpu", "--devices", "2"]])
+def test_bad_arguments(argv: list[str]) -> None:
+    completed = subprocess.run([sys.executable, str(BENCHMARKS / "regression_power.py"), *argv],
+                               capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 2
+    assert "error:" in completed.stderr
