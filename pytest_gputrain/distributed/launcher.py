@@ -9,18 +9,28 @@
 
     losses = run_ranks(train, world_size=2, args=(20,))   # [loss of rank 0, loss of rank 1]
 
-Each rank is a fresh Python process (``sys.executable``, the parent's ``sys.path`` and working
-directory, multiprocessing's spawn preparation) in its own process group, with ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT`` set. The
-launcher calls ``init_process_group`` (``tcp://127.0.0.1:PORT``, ``timeout=collective_timeout``)
-and ``torch.cuda.set_device(LOCAL_RANK)`` when the rank has a GPU, runs the function, and
-destroys the group. Results come back through files, pickled, tensors moved to the CPU.
+The ranks are started and ended by torch elastic, the engine of ``torchrun``:
+``start_processes`` runs each rank as ``python -c`` (``_rank``) in its own process group with
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1`` and a free ``MASTER_PORT``
+added to the caller's environment, sends its output to files, and hands it an error file that
+elastic's ``record`` fills with the rank's traceback; ``PContext.close`` reaps them.
 
-A rank that raises or crashes fails the launch with :class:`RankFailure` (its rank, traceback,
-output tail, backend and NCCL variables); ranks still running after ``timeout`` seconds get their
-stacks dumped and are killed with everything they started (:class:`RankTimeout`). Ranks never
-outlive the launcher (parent-death signal, heartbeat check), and the launcher kills every rank's
-process group before it returns or raises.
+What elastic lacks is here:
+
+* a hang becomes a failure: ranks still running after ``timeout`` get their stacks dumped
+  (SIGUSR1, faulthandler) and the :class:`RankTimeout` names each one's collective in progress
+  and stack (the heartbeat status of ``instrument``);
+* after a rank fails, the others get ``FAILURE_GRACE_S`` to finish or fail before they are killed
+  (elastic closes them at once), so that the rank reported is the one that failed on its own,
+  not the peer that lost it;
+* the function goes by reference and its result comes back pickled through files, tensors on
+  the CPU (elastic returns no values from ranks it starts as commands; see ``docs/multi-gpu.md``
+  for why the ranks are not elastic's function launches);
+* ranks never outlive the launcher (parent-death signal, heartbeat), and what a rank leaves in
+  its process group is killed with it, before the rank is reaped.
+
+Every launch ends with a :class:`~pytest_gputrain.distributed.record.LaunchRecord`, the public
+account of what each rank did; the errors and the diagnosis are written from it.
 
 This module imports no torch at import time.
 """
@@ -30,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import json
 import os
 import pickle
 import shutil
@@ -38,9 +49,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,17 +64,30 @@ from pytest_gputrain.distributed.errors import (
     RankFunctionNotPicklable,
     RankTimeout,
 )
+from pytest_gputrain.distributed.record import (
+    LaunchRecord,
+    RankError,
+    RankRecord,
+    describe_activity,
+    failure_text,
+    hang_text,
+)
 
 HOST = "127.0.0.1"
 POLL_S = 0.05
 FAILURE_GRACE_S = 2.0  # after a rank fails, how long the others may take to finish or fail
 EXIT_GRACE_S = 15.0  # after a rank returned its result, how long it may take to exit
 STACK_WAIT_S = 1.0  # after SIGUSR1, how long to wait for faulthandler's stack dump
+REAP_WAIT_S = 10  # how long elastic's close waits for killed ranks (a D-state rank is left)
 PORT_ATTEMPTS = 3
-TRACK_S = 0.5  # how often the processes each rank started are looked up
 LOG_ECHO_LINES = 200
 RANK_ENV = "GPUTRAIN_DIST_RANK"
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG")
+# Kept in step with _rank.py, which imports torch and so is not imported here.
+ERROR_KEY = "gputrain"
+STATUS_FILE = "status.json"
+STACK_FILE = "stack.txt"
+RESULT_FILE = "result.pkl"
 
 
 class LaunchRecorder(Protocol):
@@ -105,57 +130,7 @@ def rank_device() -> Any:
 
 
 # ------------------------------------------------------------------------------------------
-# The launch
-
-
-@dataclass
-class _Rank:
-    rank: int
-    process: subprocess.Popen[bytes]
-    run_dir: Path
-    started: float
-    exit_code: int | None = None
-    exited_at: float | None = None
-    result: dict[str, Any] | None = None
-    result_seen_at: float | None = None
-    killed: bool = False
-    stuck_at_exit: bool = False
-    descendants: dict[int, Any] = field(default_factory=dict)
-    tracked_at: float = 0.0
-
-    def path(self, suffix: str) -> Path:
-        return self.run_dir / f"rank{self.rank}.{suffix}"
-
-    @property
-    def failed(self) -> bool:
-        if self.result is not None:
-            return not self.result.get("ok", False) and self.result.get("kind") != "skipped"
-        return self.exit_code is not None and self.exit_code != 0
-
-    @property
-    def finished(self) -> bool:
-        return self.exit_code is not None
-
-    def status(self) -> dict[str, Any]:
-        try:
-            import json
-
-            data: dict[str, Any] = json.loads(self.path("status.json").read_text("utf-8"))
-            return data
-        except (OSError, ValueError):
-            return {}
-
-    def log(self) -> str:
-        try:
-            return self.path("log").read_bytes().decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def stack(self) -> str:
-        try:
-            return self.path("stack.txt").read_text("utf-8", "replace")
-        except OSError:
-            return ""
+# Checks made before any process starts
 
 
 @dataclass
@@ -169,6 +144,7 @@ class Launch:
     pids: list[int]
     facts: Any = None  # DistributedRunFacts when recorded
     outputs: list[str] = field(default_factory=list)
+    record: LaunchRecord | None = None
 
 
 def _free_port(host: str = HOST) -> int:
@@ -245,91 +221,409 @@ def resolve_backend(backend: str | None, world_size: int, init: bool = True) -> 
     return backend
 
 
-def _boot_command(run_dir: Path, rank: int) -> list[str]:
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    boot = (f"import sys; sys.path.insert(0, {root!r}); "
-            "from pytest_gputrain.distributed._rank import main; main()")
-    return [sys.executable, "-c", boot, str(run_dir), str(rank), str(os.getpid())]
-
-
-def _track_descendants(state: _Rank) -> None:
-    """Remember the processes a live rank started (psutil objects survive PID reuse checks)."""
-    if state.process.returncode is not None:
-        return  # reaped: its PID may belong to someone else by now
-    try:
-        import psutil
-
-        for child in psutil.Process(state.process.pid).children(recursive=True):
-            state.descendants.setdefault(child.pid, child)
-    except Exception:
-        pass
-
-
-def _has_exited(state: _Rank) -> bool:
-    """Whether the rank ended, without reaping it: an unreaped rank's PID and group stay ours."""
-    if state.process.returncode is not None:
-        return True
-    if hasattr(os, "waitid") and hasattr(os, "WNOWAIT"):
-        try:
-            info = os.waitid(os.P_PID, state.process.pid,
-                             os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return state.process.poll() is not None
-        return info is not None
-    return state.process.poll() is not None
-
-
-def _kill_group(state: _Rank) -> None:
-    """SIGKILL the rank, its process group and every descendant it started.
-
-    The rank's PID and group are signalled only while the rank is unreaped (so they are still
-    ours); descendants seen earlier are signalled only if psutil confirms they are the same
-    processes (PID and start time).
-    """
-    _track_descendants(state)
-    kill = getattr(signal, "SIGKILL", signal.SIGTERM)
-    if state.process.returncode is None:  # unreaped (running or a zombie): the group is ours
-        if hasattr(os, "killpg"):
-            with contextlib.suppress(OSError):  # ProcessLookupError, PermissionError
-                os.killpg(state.process.pid, kill)
-        with contextlib.suppress(OSError):
-            state.process.kill()
-    for child in state.descendants.values():
-        with contextlib.suppress(Exception):
-            if child.is_running():
-                child.send_signal(kill)
-    # An unkillable (D-state) process is left to the OS rather than blocking the run.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        state.process.wait(timeout=10)
-
-
-def _dump_stacks(states: Sequence[_Rank]) -> None:
-    if not hasattr(signal, "SIGUSR1") or not states:
-        return
-    for state in states:
-        with contextlib.suppress(OSError):
-            os.kill(state.process.pid, signal.SIGUSR1)
-    time.sleep(STACK_WAIT_S)
-
-
-def _read_result(state: _Rank) -> None:
-    path = state.path("result.pkl")
-    if state.result is not None or not path.exists():
-        return
-    try:
-        state.result = pickle.loads(path.read_bytes())
-    except Exception as exc:
-        state.result = {"ok": False, "kind": "error", "phase": "result",
-                        "type": type(exc).__name__,
-                        "message": f"the rank's result could not be unpickled in the launcher: "
-                                   f"{type(exc).__name__}: {exc}",
-                        "traceback": "", "probe": None, "failed_at": time.monotonic()}
-
-
 def _nccl_env(environ: Mapping[str, str]) -> dict[str, str]:
     from pytest_gputrain.collect.environment_variables import matching_variables
 
     return matching_variables(environ, NCCL_PREFIXES)
+
+
+# ------------------------------------------------------------------------------------------
+# Starting, watching and ending the ranks
+
+
+@dataclass(frozen=True)
+class _Settings:
+    world_size: int
+    backend: str
+    timeout: float | None
+    collective_timeout: float
+    init: bool
+    probe: bool
+    env: dict[str, str]
+
+
+@dataclass
+class _RankProcess:
+    """What the launcher knows of one rank process while it runs."""
+
+    rank: int
+    process: subprocess.Popen[bytes]  # elastic's, never reaped before the launch ends
+    dir: Path  # the rank's log directory: elastic's logs and error file, our status and stacks
+    exit_code: int | None = None
+    exited_at: float | None = None
+    result: dict[str, Any] | None = None
+    result_seen_at: float | None = None
+    error: dict[str, Any] | None = None  # our part of the rank's error file
+    killed: bool = False
+    stuck_at_exit: bool = False
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def finished(self) -> bool:
+        return self.exit_code is not None or self.stuck_at_exit
+
+    @property
+    def failed(self) -> bool:
+        if self.error is not None:
+            return not self.error.get("skipped", False)
+        if self.result is not None:
+            return False  # returned its result, then died in teardown
+        return self.exit_code is not None and self.exit_code != 0
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Elastic's start installs torchrun's handlers (SIGTERM, SIGINT... raise SignalException)
+    in the calling process; a test session keeps its own."""
+    saved: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+            number = getattr(signal, name, None)
+            if number is not None:
+                saved[number] = signal.getsignal(number)
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            if handler is not None:
+                signal.signal(number, handler)
+
+
+def _boot_code() -> str:
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    return (f"import sys; sys.path.insert(0, {root!r}); "
+            "from pytest_gputrain.distributed._rank import main; main()")
+
+
+def _start(settings: _Settings, payload: bytes, run_dir: Path, port: int) -> Any:
+    """Elastic's ``start_processes``: one ``python -c`` per rank, in its own process group."""
+    import multiprocessing.spawn
+
+    try:
+        from torch.distributed.elastic.multiprocessing import (
+            DefaultLogsSpecs,
+            Std,
+            start_processes,
+        )
+    except ImportError as exc:
+        import torch
+
+        raise DistributedSetupError(
+            f"run_ranks needs torch >= 2.3 (torch.distributed.elastic's LogsSpecs); this is "
+            f"torch {torch.__version__}: {exc}") from None
+    preparation = multiprocessing.spawn.get_preparation_data("gputrain-rank")
+    # An AuthenticationString refuses pickling; the rank needs no key to talk to us.
+    preparation.pop("authkey", None)
+    main_path = preparation.get("init_main_from_path")
+    if main_path and not os.path.isfile(main_path):
+        preparation.pop("init_main_from_path")  # python -c, stdin, a notebook
+    spec_path = run_dir / "spec.pkl"
+    spec_path.write_bytes(pickle.dumps({
+        "payload": payload, "preparation": preparation, "backend": settings.backend,
+        "init": settings.init, "host": HOST, "port": port, "world_size": settings.world_size,
+        "collective_timeout": settings.collective_timeout, "probe": settings.probe,
+    }))
+    boot = _boot_code()
+    size = str(settings.world_size)
+    envs = {rank: {**settings.env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": size, "LOCAL_WORLD_SIZE": size, "GROUP_RANK": "0",
+                   "MASTER_ADDR": HOST, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+                   RANK_ENV: str(rank)}
+            for rank in range(settings.world_size)}
+    with _signal_handlers_kept():
+        return start_processes(
+            name="gputrain-rank", entrypoint=sys.executable,
+            args={rank: ("-c", boot, str(spec_path), str(rank), str(os.getpid()))
+                  for rank in range(settings.world_size)},
+            envs=envs, logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs"),
+                                                   redirects=Std.ALL))
+
+
+def _exit_code(state: _RankProcess) -> int | None:
+    """The rank's exit code (negative: the signal), without reaping it: while a rank is
+    unreaped its PID and process group cannot be reused, so signalling them stays safe."""
+    if state.process.returncode is not None:
+        return int(state.process.returncode)
+    if not hasattr(os, "waitid"):
+        return state.process.poll()
+    try:
+        info = os.waitid(os.P_PID, state.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return state.process.poll()
+    if info is None:
+        return None
+    return int(info.si_status) if info.si_code == os.CLD_EXITED else -int(info.si_status)
+
+
+def _kill_group(state: _RankProcess) -> None:
+    """SIGKILL the rank and everything in its process group (only while it is unreaped)."""
+    if state.process.returncode is not None:
+        return
+    with contextlib.suppress(OSError):  # ProcessLookupError, PermissionError
+        if hasattr(os, "killpg"):
+            os.killpg(state.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
+        else:
+            state.process.kill()
+
+
+def _collect(state: _RankProcess) -> None:
+    """Read what an ended rank left: its result, or the error elastic's ``record`` wrote."""
+    result_path = state.dir / RESULT_FILE
+    if state.result is None and result_path.exists():
+        try:
+            state.result = pickle.loads(result_path.read_bytes())
+        except Exception as exc:
+            state.error = {"type": type(exc).__name__, "phase": "result", "traceback": "",
+                           "message": f"the rank's result could not be unpickled in the "
+                                      f"launcher: {type(exc).__name__}: {exc}"}
+    if state.error is None and state.exit_code not in (None, 0):
+        state.error = _read_error_file(state)
+
+
+def _read_error_file(state: _RankProcess) -> dict[str, Any] | None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = state.dir / "error.json"
+    if not path.exists():
+        return None
+    try:
+        failure = ProcessFailure(local_rank=state.rank, pid=state.pid,
+                                 exitcode=int(state.exit_code or 0), error_file=str(path))
+    except Exception:
+        return None
+    ours = failure.error_file_data.get(ERROR_KEY)
+    if isinstance(ours, dict):
+        return ours
+    return {"type": "Error", "message": str(failure.message), "traceback": "", "phase": None}
+
+
+def _watch(ranks: list[_RankProcess], deadline: float | None) -> bool:
+    """Until every rank ended, a rank failed (plus grace), or the deadline: True on the last."""
+    first_failure: float | None = None
+    while True:
+        now = time.monotonic()
+        for state in ranks:
+            if state.finished:
+                continue
+            code = _exit_code(state)
+            if code is not None:
+                state.exit_code, state.exited_at = code, now
+                _kill_group(state)  # what the rank left in its process group goes with it
+                _collect(state)
+            elif state.result_seen_at is None:
+                if (state.dir / RESULT_FILE).exists():
+                    state.result_seen_at = now
+            elif now - state.result_seen_at > EXIT_GRACE_S:
+                _collect(state)
+                state.stuck_at_exit = True  # returned, then hung in interpreter/NCCL teardown
+                _kill_group(state)
+        if all(s.finished for s in ranks):
+            return False
+        if any(s.failed for s in ranks):
+            first_failure = first_failure or now
+            if now - first_failure > FAILURE_GRACE_S:
+                return False
+        if deadline is not None and now > deadline:
+            return True
+        time.sleep(POLL_S)
+
+
+def _stop(context: Any, ranks: list[_RankProcess]) -> None:
+    """Dump the stacks of ranks still running, kill every rank's group, let elastic reap."""
+    running = [s for s in ranks if not s.finished]
+    if running and hasattr(signal, "SIGUSR1"):
+        for state in running:
+            with contextlib.suppress(OSError):
+                os.kill(state.pid, signal.SIGUSR1)
+        time.sleep(STACK_WAIT_S)
+    for state in running:
+        state.killed = True
+    for state in ranks:
+        _kill_group(state)
+    # Elastic's close then finds them ended and only reaps them; one it still finds alive (an
+    # uninterruptible wait in a driver) it signals again and, after REAP_WAIT_S, leaves.
+    deadline = time.monotonic() + REAP_WAIT_S
+    while any(_exit_code(s) is None for s in running) and time.monotonic() < deadline:
+        time.sleep(POLL_S / 5)
+    context.close(death_sig=getattr(signal, "SIGKILL", signal.SIGTERM), timeout=REAP_WAIT_S)
+    for state in ranks:
+        if state.exit_code is None:
+            state.exit_code = state.process.returncode
+        _collect(state)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _read_status(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        return data
+    except (OSError, ValueError):
+        return {}
+
+
+def _run_once(settings: _Settings, payload: bytes) -> tuple[LaunchRecord, list[Any]]:
+    run_dir = Path(tempfile.mkdtemp(prefix="gputrain-ranks-"))
+    ranks: list[_RankProcess] = []
+    timed_out = False
+    started = time.monotonic()
+    try:
+        context = _start(settings, payload, run_dir, _free_port())
+        try:
+            for rank in range(settings.world_size):
+                ranks.append(_RankProcess(rank, context.subprocess_handlers[rank].proc,
+                                          Path(context.error_files[rank]).parent))
+            deadline = None if settings.timeout is None else started + settings.timeout
+            timed_out = _watch(ranks, deadline)
+        finally:
+            _stop(context, ranks)
+        ended = time.monotonic()
+        record = _record(settings, ranks, started, ended, timed_out,
+                         {s.rank: (Path(context.stderrs[s.rank]), Path(context.stdouts[s.rank]))
+                          for s in ranks})
+    finally:
+        if not os.environ.get("GPUTRAIN_DIST_KEEP"):
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return record, [(s.result or {}).get("value") for s in ranks]
+
+
+# ------------------------------------------------------------------------------------------
+# The record, and what it raises
+
+
+def _outcome(state: _RankProcess) -> str:
+    if state.stuck_at_exit:
+        return "stuck_at_exit"
+    if state.killed:
+        return "killed"
+    if state.result is not None:
+        return "ok"
+    if state.error is not None:
+        return "skipped" if state.error.get("skipped") else "failed"
+    return "ok" if state.exit_code == 0 else "crashed"
+
+
+def _record(settings: _Settings, ranks: list[_RankProcess], started: float, ended: float,
+            timed_out: bool, logs: Mapping[int, tuple[Path, Path]]) -> LaunchRecord:
+    statuses = {s.rank: _read_status(s.dir / STATUS_FILE) for s in ranks}
+    outputs = {s.rank: "".join(_read_text(path) for path in logs[s.rank]) for s in ranks}
+    records = []
+    failed_at: dict[int, float] = {}
+    for state in ranks:
+        status, output = statuses[state.rank], outputs[state.rank]
+        data = state.error or {}
+        error = None
+        if state.error is not None:
+            error = RankError(type=str(data.get("type") or "Error"),
+                              message=str(data.get("message") or ""),
+                              traceback=str(data.get("traceback") or ""),
+                              phase=str(data.get("phase") or ""),
+                              skipped=bool(data.get("skipped")))
+        outcome = _outcome(state)
+        kind = None
+        if outcome in ("failed", "crashed"):
+            text = " ".join([error.message if error else "", error.traceback if error else "",
+                             output])
+            kind = analysis.classify_failure(text, error.phase if error else None,
+                                             state.exit_code, has_exception=error is not None)
+            failed_at[state.rank] = float(data.get("failed_at") or state.exited_at or ended)
+        main = status.get("main_thread")
+        frames = analysis.main_thread_frames(_read_text(state.dir / STACK_FILE),
+                                             int(main) if main is not None else None)
+        probe = (state.result or {}).get("probe") if state.result else data.get("probe")
+        records.append(RankRecord(
+            rank=state.rank, pid=state.pid, outcome=outcome,
+            exit_code=state.exit_code, error=error, failure_kind=kind,
+            activity=describe_activity(status, ended), status=status,
+            stack=analysis.user_frames(frames), output=output,
+            probe=probe if isinstance(probe, dict) else None))
+    watchdog = None
+    for rank in sorted(outputs):
+        watchdog = analysis.parse_watchdog(outputs[rank])
+        if watchdog:
+            if watchdog.get("rank") is None:
+                watchdog["rank"] = rank
+            break
+    failed_rank = None
+    if failed_at:
+        # A rank that failed on its own comes before ranks that lost their peer.
+        failed_rank = min(failed_at, key=lambda r: (
+            records[r].failure_kind == "peer_failure", failed_at[r], r))
+    return LaunchRecord(
+        world_size=settings.world_size, backend=settings.backend, timeout=settings.timeout,
+        collective_timeout=settings.collective_timeout, probe=settings.probe,
+        duration=ended - started, nccl_env=_nccl_env({**os.environ, **settings.env}),
+        ranks=records, timed_out=timed_out, failed_rank=failed_rank,
+        stuck_ranks=[s.rank for s in ranks if s.killed], watchdog=watchdog,
+        desync=analysis.collective_desync(statuses, ended, watchdog),
+        step_desync=analysis.step_desync(statuses))
+
+
+def _port_taken(record: LaunchRecord) -> bool:
+    for rank in record.ranks:
+        error = rank.error
+        text = f"{error.message if error else ''} {rank.output}".lower()
+        if (error is not None and error.phase == "init" and
+                ("address already in use" in text or f"errno {errno.EADDRINUSE}" in text)):
+            return True
+    return False
+
+
+def _echo(record: LaunchRecord) -> None:
+    for rank in record.ranks:
+        lines = rank.output.rstrip().splitlines()
+        if not lines:
+            continue
+        if len(lines) > LOG_ECHO_LINES:
+            skipped = len(lines) - LOG_ECHO_LINES
+            lines = [f"... {skipped} earlier line(s) left out ...", *lines[-LOG_ECHO_LINES:]]
+        sys.stdout.write("".join(f"[rank {rank.rank}] {line}\n" for line in lines))
+    sys.stdout.flush()
+
+
+def _raise_for(record: LaunchRecord) -> None:
+    """RankFailure, RankTimeout, pytest's skip, or a warning about a rank stuck at exit."""
+    common: dict[str, Any] = {"world_size": record.world_size, "backend": record.backend,
+                              "nccl_env": dict(record.nccl_env), "pids": record.pids,
+                              "record": record}
+    if record.failed_rank is not None:
+        failed = record.ranks[record.failed_rank]
+        error = failed.error
+        raise RankFailure(failure_text(record), rank=failed.rank,
+                          kind=failed.failure_kind or "crash",
+                          exc_type=error.type if error else None,
+                          exc_message=error.message if error else None,
+                          traceback_text=error.traceback if error else None,
+                          exit_code=failed.exit_code, log_tail=analysis.tail(failed.output),
+                          **common)
+    if record.stuck_ranks:
+        first = record.stuck_ranks[0]
+        raise RankTimeout(hang_text(record), stuck_ranks=list(record.stuck_ranks),
+                          timeout=record.timeout or 0.0, rank=first, kind="hang",
+                          log_tail=analysis.tail(record.ranks[first].output), **common)
+    skipped = [r for r in record.ranks if r.outcome == "skipped"]
+    if skipped:
+        import pytest
+
+        error = skipped[0].error
+        pytest.skip(f"rank {skipped[0].rank}: {error.message if error else 'skipped'}")
+    for rank in record.ranks:
+        if rank.outcome == "stuck_at_exit":
+            warnings.warn(f"rank {rank.rank} returned its result but did not exit within "
+                          f"{EXIT_GRACE_S:g} s (hung in interpreter or NCCL teardown); "
+                          "it was killed", RuntimeWarning, stacklevel=4)
+
+
+# ------------------------------------------------------------------------------------------
+# The launch
 
 
 def launch(
@@ -365,366 +659,36 @@ def launch(
     recorder = _recorder.get()
     if probe is None:
         probe = bool(recorder is not None and recorder.probe)
+    settings = _Settings(world_size, backend, timeout, float(collective_timeout),
+                         init_process_group, probe, {k: str(v) for k, v in (env or {}).items()})
 
-    runner = _Runner(fn, world_size, backend, timeout, payload, dict(env or {}),
-                     float(collective_timeout), init_process_group, probe, echo_output)
+    for attempt in range(PORT_ATTEMPTS):
+        record, results = _run_once(settings, payload)
+        if not _port_taken(record):
+            break
+        if attempt == PORT_ATTEMPTS - 1:
+            raise DistributedSetupError(
+                f"could not bind a free port on {HOST} in {PORT_ATTEMPTS} attempts")
+    if echo_output:
+        _echo(record)
     error: RankFailure | None = None
     try:
-        for attempt in range(PORT_ATTEMPTS):
-            try:
-                result = runner.run()
-                break
-            except _PortTaken:
-                if attempt == PORT_ATTEMPTS - 1:
-                    raise DistributedSetupError(
-                        f"could not bind a free port on {HOST} in {PORT_ATTEMPTS} attempts"
-                    ) from None
+        _raise_for(record)
     except RankFailure as exc:
         error = exc
     facts = None
     if recorder is not None or probe:
-        facts = runner.facts(test, error)
+        from pytest_gputrain.distributed.report import build_facts
+
+        facts = build_facts(record, test, error)
         if recorder is not None:
             recorder.record(facts)
     if error is not None:
         error.facts = facts
         raise error
-    result.facts = facts
-    return result
-
-
-class _PortTaken(Exception):
-    pass
-
-
-class _Runner:
-    def __init__(self, fn: Callable[..., Any], world_size: int, backend: str,
-                 timeout: float | None, payload: bytes, env: dict[str, str],
-                 collective_timeout: float, init: bool, probe: bool, echo: bool) -> None:
-        self.fn = fn
-        self.world_size = world_size
-        self.backend = backend
-        self.timeout = timeout
-        self.payload = payload
-        self.env = env
-        self.collective_timeout = collective_timeout
-        self.init = init
-        self.probe = probe
-        self.echo = echo
-        self.states: list[_Rank] = []
-        self.statuses: dict[int, dict[str, Any]] = {}
-        self.started = 0.0
-        self.ended = 0.0
-        self.timed_out = False
-        self.child_env: dict[str, str] = {}
-
-    # -- running -----------------------------------------------------------------------------
-
-    def run(self) -> Launch:
-        import multiprocessing.spawn
-
-        run_dir = Path(tempfile.mkdtemp(prefix="gputrain-ranks-"))
-        port = _free_port()
-        preparation = multiprocessing.spawn.get_preparation_data("gputrain-rank")
-        # An AuthenticationString refuses pickling; the rank needs no key to talk to us.
-        preparation.pop("authkey", None)
-        main_path = preparation.get("init_main_from_path")
-        if main_path and not os.path.isfile(main_path):
-            preparation.pop("init_main_from_path")  # python -c, stdin, a notebook
-        spec = {
-            "payload": self.payload,
-            "preparation": preparation,
-            "backend": self.backend, "init": self.init, "host": HOST, "port": port,
-            "world_size": self.world_size, "collective_timeout": self.collective_timeout,
-            "probe": self.probe,
-        }
-        (run_dir / "spec.pkl").write_bytes(pickle.dumps(spec))
-        base_env = dict(os.environ)
-        base_env.update(self.env)
-        self.child_env = base_env
-        self.states = []
-        self.statuses = {}
-        self.timed_out = False
-        self.started = time.monotonic()
-        try:
-            for rank in range(self.world_size):
-                rank_env = dict(base_env)
-                rank_env.update({
-                    "RANK": str(rank), "LOCAL_RANK": str(rank),
-                    "WORLD_SIZE": str(self.world_size),
-                    "LOCAL_WORLD_SIZE": str(self.world_size), "GROUP_RANK": "0",
-                    "MASTER_ADDR": HOST, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
-                    RANK_ENV: str(rank),
-                })
-                with open(run_dir / f"rank{rank}.log", "wb") as log:
-                    process = subprocess.Popen(
-                        _boot_command(run_dir, rank), stdin=subprocess.DEVNULL, stdout=log,
-                        stderr=subprocess.STDOUT, env=rank_env, start_new_session=True,
-                        close_fds=True)
-                self.states.append(_Rank(rank, process, run_dir, time.monotonic()))
-            self._monitor()
-        finally:
-            stuck = [s for s in self.states if not s.finished]
-            if stuck:
-                _dump_stacks(stuck)
-            for state in self.states:
-                self.statuses[state.rank] = state.status()
-                if not state.finished:
-                    state.killed = True
-                _kill_group(state)
-                state.exit_code = state.process.returncode
-                _read_result(state)
-            self.ended = time.monotonic()
-            self.logs = {s.rank: s.log() for s in self.states}
-            self.stacks = {s.rank: s.stack() for s in self.states}
-            if self.echo:
-                self._echo()
-            if not os.environ.get("GPUTRAIN_DIST_KEEP"):
-                shutil.rmtree(run_dir, ignore_errors=True)
-        if self._port_taken():
-            raise _PortTaken()
-        return self._outcome()
-
-    def _monitor(self) -> None:
-        deadline = None if self.timeout is None else self.started + self.timeout
-        first_failure: float | None = None
-        while True:
-            now = time.monotonic()
-            for state in self.states:
-                if state.finished:
-                    continue
-                if now - state.tracked_at > TRACK_S:
-                    _track_descendants(state)
-                    state.tracked_at = now
-                if _has_exited(state):
-                    # Whatever the rank left in its process group goes with it, before the
-                    # rank is reaped and its PID can be reused.
-                    _kill_group(state)
-                if state.process.returncode is not None:
-                    state.exit_code = state.process.returncode
-                    state.exited_at = now
-                    _read_result(state)
-                elif state.result_seen_at is None and state.path("result.pkl").exists():
-                    state.result_seen_at = now
-                elif state.result_seen_at is not None and now - state.result_seen_at > EXIT_GRACE_S:
-                    _read_result(state)
-                    if state.result is not None and state.result.get("ok"):
-                        state.stuck_at_exit = True
-                        _kill_group(state)
-                        state.exit_code = state.process.returncode
-                        state.exited_at = now
-            if all(s.finished for s in self.states):
-                return
-            if any(s.failed for s in self.states if s.finished):
-                first_failure = first_failure or now
-                if now - first_failure > FAILURE_GRACE_S:
-                    return
-            if deadline is not None and now > deadline:
-                self.timed_out = True
-                return
-            time.sleep(POLL_S)
-
-    def _port_taken(self) -> bool:
-        for state in self.states:
-            result = state.result or {}
-            text = f"{result.get('message', '')} {self.logs.get(state.rank, '')}".lower()
-            if (result.get("phase") == "init" and
-                    ("address already in use" in text or f"errno {errno.EADDRINUSE}" in text)):
-                return True
-        return False
-
-    def _echo(self) -> None:
-        for state in self.states:
-            lines = self.logs.get(state.rank, "").rstrip().splitlines()
-            if not lines:
-                continue
-            if len(lines) > LOG_ECHO_LINES:
-                skipped = len(lines) - LOG_ECHO_LINES
-                lines = [f"... {skipped} earlier line(s) left out ...", *lines[-LOG_ECHO_LINES:]]
-            sys.stdout.write("".join(f"[rank {state.rank}] {line}\n" for line in lines))
-        sys.stdout.flush()
-
-    # -- outcome -----------------------------------------------------------------------------
-
-    def _activity(self, rank: int, now: float) -> str:
-        status = self.statuses.get(rank, {})
-        phase = status.get("phase") or "starting"
-        step = status.get("step") or 0
-        total = sum((status.get("collectives") or {}).values())
-        steps = f"{step} optimizer step(s), {total} collective call(s)"
-        if status.get("op"):
-            since = status.get("op_since")
-            held = f" for {now - float(since):.1f} s" if since is not None else ""
-            return f"in {status['op']} #{status.get('op_index')}{held} ({steps})"
-        last = f", last {status['last_op']}" if status.get("last_op") else ""
-        return {
-            "starting": "starting (importing the launcher)",
-            "import": "importing torch and the function's module",
-            "init": "in init_process_group (waiting for the other ranks to join)",
-            "running": f"running the function, not in a collective ({steps}{last})",
-            "destroy": "in destroy_process_group",
-            "done": "finished",
-            "failed": "failed",
-        }.get(phase, phase)
-
-    def _frames(self, rank: int) -> list[str]:
-        status = self.statuses.get(rank, {})
-        main = status.get("main_thread")
-        frames = analysis.main_thread_frames(self.stacks.get(rank, ""),
-                                             int(main) if main is not None else None)
-        return analysis.user_frames(frames)
-
-    def _failure_kind(self, state: _Rank) -> str:
-        result = state.result or {}
-        text = " ".join([str(result.get("message", "")), str(result.get("traceback", "")),
-                         self.logs.get(state.rank, "")])
-        return analysis.classify_failure(text, result.get("phase"), state.exit_code,
-                                         has_exception=bool(result))
-
-    def _first_failed(self) -> _Rank | None:
-        failed = [s for s in self.states if s.failed and not s.killed]
-        if not failed:
-            return None
-
-        def when(state: _Rank) -> float:
-            result = state.result or {}
-            return float(result.get("failed_at") or state.exited_at or self.ended)
-
-        # A rank that failed on its own comes before ranks that lost their peer.
-        return min(failed, key=lambda s: (self._failure_kind(s) == "peer_failure", when(s),
-                                          s.rank))
-
-    def _watchdog(self) -> dict[str, Any] | None:
-        for rank in sorted(self.logs):
-            found = analysis.parse_watchdog(self.logs[rank])
-            if found:
-                if found.get("rank") is None:
-                    found["rank"] = rank
-                return found
-        return None
-
-    def _others_lines(self, exclude: int) -> list[str]:
-        lines = []
-        for state in self.states:
-            if state.rank == exclude:
-                continue
-            if state.killed:
-                what = f"was still running, killed: {self._activity(state.rank, self.ended)}"
-                frames = self._frames(state.rank)
-                if frames:
-                    what += "; stack (innermost first): " + " <- ".join(frames[:3])
-            elif state.failed:
-                result = state.result or {}
-                what = (f"also failed: {result.get('type', 'crash')}: "
-                        f"{_one_line(result.get('message', ''))}" if result else
-                        f"also failed ({analysis.describe_exit(state.exit_code)})")
-            elif state.stuck_at_exit:
-                what = "returned, then hung on exit (killed)"
-            else:
-                what = "finished"
-            lines.append(f"  rank {state.rank}: {what}")
-        return lines
-
-    def _evidence(self) -> list[str]:
-        watchdog = self._watchdog()
-        lines = []
-        desync = analysis.collective_desync(self.statuses, self.ended, watchdog)
-        if desync:
-            lines.append(f"  collectives: {desync}")
-        steps = analysis.step_desync(self.statuses)
-        if steps:
-            lines.append(f"  {steps}")
-        if watchdog:
-            lines.append(f"  NCCL watchdog: {watchdog['line']}")
-        return lines
-
-    def _outcome(self) -> Launch:
-        env_nccl = _nccl_env(self.child_env)
-        pids = [s.process.pid for s in self.states]
-        failed = self._first_failed()
-        if failed is not None:
-            result = failed.result or {}
-            kind = self._failure_kind(failed)
-            log = self.logs.get(failed.rank, "")
-            head = (f"rank {failed.rank} of {self.world_size} (backend {self.backend}) failed")
-            if result:
-                where = {"import": " while loading the function",
-                         "init": " in init_process_group",
-                         "result": " returning its result",
-                         "destroy": " in destroy_process_group"}.get(result.get("phase", ""), "")
-                head += f"{where}: {result.get('type')}: {_one_line(result.get('message', ''))}"
-            else:
-                head += f" without a Python exception ({analysis.describe_exit(failed.exit_code)})"
-            parts = [head]
-            if result.get("traceback"):
-                parts += ["", f"rank {failed.rank} traceback:", result["traceback"].rstrip()]
-            elif not result:
-                frames = self._frames(failed.rank)
-                if frames:
-                    parts += ["", f"rank {failed.rank} stack when it died (innermost first):",
-                              *(f"  {frame}" for frame in frames)]
-            if (kind != "exception" or not result) and log.strip():
-                parts += ["", f"rank {failed.rank} output (last lines):", analysis.tail(log)]
-            others = self._others_lines(failed.rank)
-            evidence = self._evidence()
-            if others or evidence:
-                parts += ["", "other ranks:" if others else "evidence:", *others, *evidence]
-            if env_nccl:
-                parts += ["", "NCCL environment: " + " ".join(f"{k}={v}"
-                                                               for k, v in env_nccl.items())]
-            raise RankFailure("\n".join(parts), rank=failed.rank, kind=kind,
-                              exc_type=result.get("type"), exc_message=result.get("message"),
-                              traceback_text=result.get("traceback"),
-                              exit_code=failed.exit_code, log_tail=analysis.tail(log),
-                              world_size=self.world_size, backend=self.backend,
-                              nccl_env=env_nccl, pids=pids)
-        stuck = [s.rank for s in self.states if s.killed]
-        if stuck:
-            why = (f"still running after the {self.timeout:g} s timeout"
-                   if self.timed_out else "still running after another rank ended")
-            parts = [f"{len(stuck)} of {self.world_size} rank(s) {why} (backend "
-                     f"{self.backend}); killed with their process groups. What each was doing:"]
-            for state in self.states:
-                activity = ("killed: " if state.killed else "") + self._activity(
-                    state.rank, self.ended)
-                parts.append(f"  rank {state.rank}: {activity}")
-                frames = self._frames(state.rank) if state.killed else []
-                parts += [f"      {frame}" for frame in frames]
-            parts += self._evidence()
-            parts.append("A rank that waits in a collective its peers never enter hangs; set "
-                         "collective_timeout below timeout to get the backend's own error.")
-            raise RankTimeout("\n".join(parts), stuck_ranks=stuck, timeout=self.timeout or 0.0,
-                              rank=stuck[0], kind="hang",
-                              log_tail=analysis.tail(self.logs.get(stuck[0], "")),
-                              world_size=self.world_size, backend=self.backend,
-                              nccl_env=env_nccl, pids=pids)
-        skipped = [s for s in self.states if (s.result or {}).get("kind") == "skipped"]
-        if skipped:
-            import pytest
-
-            pytest.skip(f"rank {skipped[0].rank}: {skipped[0].result.get('message')}"
-                        if skipped[0].result else "skipped in a rank")
-        for state in self.states:
-            if state.stuck_at_exit:
-                warnings.warn(f"rank {state.rank} returned its result but did not exit within "
-                              f"{EXIT_GRACE_S:g} s (hung in interpreter or NCCL teardown); "
-                              "it was killed", RuntimeWarning, stacklevel=4)
-        results = [(s.result or {}).get("value") for s in self.states]
-        return Launch(world_size=self.world_size, backend=self.backend, results=results,
-                      duration=self.ended - self.started, pids=pids,
-                      outputs=[self.logs.get(s.rank, "") for s in self.states])
-
-    # -- facts -------------------------------------------------------------------------------
-
-    def facts(self, test: str | None, error: RankFailure | None) -> Any:
-        from pytest_gputrain.distributed.report import build_facts
-
-        return build_facts(self, test, error)
-
-
-def _one_line(text: object, limit: int = 300) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return Launch(world_size=world_size, backend=backend, results=results,
+                  duration=record.duration, pids=record.pids, facts=facts,
+                  outputs=[r.output for r in record.ranks], record=record)
 
 
 def run_ranks(
