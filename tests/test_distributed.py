@@ -190,6 +190,15 @@ def test_rank_output_is_echoed_with_the_rank(capsys: pytest.CaptureFixture[str])
     assert_all_gone(launched.pids)
 
 
+def test_the_callers_signal_handlers_are_kept() -> None:
+    # torch elastic installs torchrun's handlers when it starts processes; pytest keeps its own.
+    signals = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+               if hasattr(signal, name)]
+    before = [signal.getsignal(number) for number in signals]
+    assert run_ranks(identify, world_size=1, args=("s",), timeout=60)[0][:3] == (0, 1, "s")
+    assert [signal.getsignal(number) for number in signals] == before
+
+
 def test_processes_a_rank_leaves_behind_are_killed() -> None:
     launched = launch(leave_a_child_behind, world_size=2, timeout=60)
     assert_all_gone([*launched.pids, *launched.results])

@@ -1,18 +1,22 @@
 """The public record of one launch: what each rank did, how the launch ended, and why.
 
-The launcher builds a :class:`LaunchRecord` from what the ranks left behind (exit codes, error
-files, result files, heartbeat status, stack dumps, output), raises its errors with the texts
-written here, and hands the record on: ``Launch.record``, ``RankFailure.record``, and the
+A launch (``processes`` for ranks started here, ``torchrun`` for ranks torchrun started) ends
+with a :class:`LaunchRecord` made by :func:`conclude` from what its ranks left (exit codes,
+errors, results, heartbeat status, stacks, output). The launcher raises its errors with the texts
+written here and hands the record on: ``Launch.record``, ``RankFailure.record``, and the
 diagnosis (``report.build_facts``), which reads nothing else. Plain dataclasses: no torch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.distributed import analysis
+
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG")
 
 # Where in the rank's life an exception happened, as the failure's headline says it.
 _PHASE_WORDS = {"import": " while loading the function", "init": " in init_process_group",
@@ -25,8 +29,24 @@ _PHASE_ACTIVITY = {
     "done": "finished",
     "failed": "failed",
 }
+# Under torchrun a stuck rank cannot be killed from another process: it ends its own this long
+# after the launch's timeout (torchrun.py), so that the job fails instead of hanging.
+TORCHRUN_HANG_EXIT_S = 30.0
 HANG_ADVICE = ("A rank that waits in a collective its peers never enter hangs; set "
                "collective_timeout below timeout to get the backend's own error.")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What a launch was asked to do (checked by the launcher before any rank starts)."""
+
+    world_size: int
+    backend: str
+    timeout: float | None
+    collective_timeout: float
+    init: bool  # the launcher calls init_process_group
+    probe: bool  # record per-rank steps and batches
+    env: Mapping[str, str] = field(default_factory=dict)  # added to the ranks' environment
 
 
 @dataclass(frozen=True)
@@ -49,13 +69,14 @@ class RankRecord:
 
     rank: int
     pid: int
-    outcome: str  # ok, failed, skipped, crashed, killed, stuck_at_exit
+    outcome: str  # ok, failed, skipped, crashed, killed, stuck_at_exit; running (torchrun)
     exit_code: int | None  # negative: the signal that ended it
     error: RankError | None = None
     failure_kind: str | None = None  # failed and crashed ranks: analysis.classify_failure
     activity: str = ""  # what it was doing when the launch ended
     status: Mapping[str, Any] = field(default_factory=dict)  # its last heartbeat
-    stack: list[str] = field(default_factory=list)  # killed or crashed: innermost user frames
+    # Killed, crashed or (torchrun) still running: its main thread's innermost user frames.
+    stack: list[str] = field(default_factory=list)
     output: str = ""  # stdout and stderr, in order
     probe: Mapping[str, Any] | None = None  # steps, arrivals, batches (instrument.probe_data)
 
@@ -67,6 +88,11 @@ class RankRecord:
     def failed(self) -> bool:
         """Failed on its own: raised, crashed or was aborted (not killed by the launcher)."""
         return self.outcome in ("failed", "crashed")
+
+    @property
+    def stuck(self) -> bool:
+        """Still running when the launch ended: killed, or (torchrun) left running."""
+        return self.outcome in ("killed", "running")
 
 
 @dataclass(frozen=True)
@@ -83,10 +109,11 @@ class LaunchRecord:
     ranks: list[RankRecord]
     timed_out: bool = False
     failed_rank: int | None = None  # the rank whose failure the launch reports
-    stuck_ranks: list[int] = field(default_factory=list)  # still running at the end: killed
+    stuck_ranks: list[int] = field(default_factory=list)  # still running when it ended
     watchdog: Mapping[str, Any] | None = None  # the NCCL watchdog's timeout line, parsed
     desync: str | None = None  # "rank 1 (0 call(s)) never entered all_reduce #1 while ..."
     step_desync: str | None = None  # "optimizer steps finished: rank 0 5, rank 1 4"
+    launcher: str = "run_ranks"  # run_ranks: ranks started here; torchrun: ranks torchrun started
 
     @property
     def pids(self) -> list[int]:
@@ -105,6 +132,45 @@ class LaunchRecord:
         if self.watchdog:
             lines.append(f"  NCCL watchdog: {self.watchdog['line']}")
         return lines
+
+
+def conclude(settings: LaunchSettings, ranks: list[RankRecord], *, duration: float,
+             ended: float, failed_at: Mapping[int, float], timed_out: bool,
+             launcher: str = "run_ranks") -> LaunchRecord:
+    """The record of a launch from its ranks: which failure it reports, and the evidence.
+
+    ``failed_at`` holds when each rank that failed on its own failed; ``ended`` is the time, on
+    the clock of the ranks' status, at which the launch ended (for "waited 30.0 s in it").
+    """
+    statuses = {rank.rank: rank.status for rank in ranks}
+    watchdog = None
+    for rank in ranks:
+        watchdog = analysis.parse_watchdog(rank.output)
+        if watchdog:
+            if watchdog.get("rank") is None:
+                watchdog["rank"] = rank.rank
+            break
+    failed_rank = None
+    if failed_at:
+        kinds = {rank.rank: rank.failure_kind for rank in ranks}
+        # A rank that failed on its own comes before ranks that lost their peer.
+        failed_rank = min(failed_at, key=lambda r: (kinds.get(r) == "peer_failure",
+                                                    failed_at[r], r))
+    return LaunchRecord(
+        world_size=settings.world_size, backend=settings.backend, timeout=settings.timeout,
+        collective_timeout=settings.collective_timeout, probe=settings.probe, duration=duration,
+        nccl_env=nccl_environment({**os.environ, **settings.env}), ranks=ranks,
+        timed_out=timed_out, failed_rank=failed_rank,
+        stuck_ranks=[rank.rank for rank in ranks if rank.stuck],
+        watchdog=watchdog, desync=analysis.collective_desync(statuses, ended, watchdog),
+        step_desync=analysis.step_desync(statuses), launcher=launcher)
+
+
+def nccl_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL and torch-NCCL variables, through the collector's credential filter."""
+    from pytest_gputrain.collect.environment_variables import matching_variables
+
+    return matching_variables(environ, NCCL_PREFIXES)
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -157,8 +223,9 @@ def failure_text(record: LaunchRecord) -> str:
 
 
 def _other_rank_line(rank: RankRecord) -> str:
-    if rank.outcome == "killed":
-        what = f"was still running, killed: {rank.activity}"
+    if rank.stuck:
+        state = "killed" if rank.outcome == "killed" else "in its own process"
+        what = f"was still running, {state}: {rank.activity}"
         if rank.stack:
             what += "; stack (innermost first): " + " <- ".join(rank.stack[:3])
     elif rank.failed:
@@ -176,12 +243,15 @@ def hang_text(record: LaunchRecord) -> str:
     why = (f"still running after the {record.timeout:g} s timeout"
            if record.timed_out and record.timeout is not None
            else "still running after another rank ended")
+    ended = ("killed with their process groups" if record.launcher == "run_ranks" else
+             "each ends its own process if it is still in the launch "
+             f"{TORCHRUN_HANG_EXIT_S:g} s later, and torchrun then ends the job")
     parts = [f"{len(record.stuck_ranks)} of {record.world_size} rank(s) {why} (backend "
-             f"{record.backend}); killed with their process groups. What each was doing:"]
+             f"{record.backend}); {ended}. What each was doing:"]
     for rank in record.ranks:
-        killed = rank.outcome == "killed"
-        parts.append(f"  rank {rank.rank}: {'killed: ' if killed else ''}{rank.activity}")
-        if killed:
+        state = {"killed": "killed: ", "running": "still running: "}.get(rank.outcome, "")
+        parts.append(f"  rank {rank.rank}: {state}{rank.activity}")
+        if rank.stuck:
             parts += [f"      {frame}" for frame in rank.stack]
     parts += record.evidence_lines()
     parts.append(HANG_ADVICE)

@@ -46,7 +46,7 @@ def build_facts(record: LaunchRecord, test: str | None,
             collectives={str(k): int(v)
                          for k, v in (rank.status.get("collectives") or {}).items()},
             last_activity=rank.activity,
-            stack=list(rank.stack) if rank.outcome == "killed" else [],
+            stack=list(rank.stack) if rank.stuck else [],
             error=(f"{rank.error.type}: {analysis.tail(rank.error.message, 1)}"
                    if rank.error is not None else None),
         ))
@@ -55,6 +55,7 @@ def build_facts(record: LaunchRecord, test: str | None,
                  if r.device_name and (r.device or "").startswith("cuda")]
     facts = DistributedRunFacts(
         test=test,
+        launcher=record.launcher,
         world_size=record.world_size,
         backend=_seen_backend(probes) or record.backend,
         outcome=("timeout" if isinstance(error, RankTimeout) else
