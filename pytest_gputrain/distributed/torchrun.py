@@ -20,6 +20,7 @@ rank, its collective and its stack.
   in a collective, and torchrun then ends the job instead of waiting forever.
 
 Every rank must make the same launches in the same order: a launch's store prefix is its count.
+Importing this module imports no torch (the launcher asks ``under_torchrun`` on every launch).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_gputrain.distributed import _rank, analysis
+from pytest_gputrain.distributed import analysis
 from pytest_gputrain.distributed.instrument import RankRecorder
 from pytest_gputrain.distributed.record import (
     TORCHRUN_HANG_EXIT_S,
@@ -49,6 +50,7 @@ from pytest_gputrain.distributed.record import (
 )
 
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent in every worker
+HUNG_EXIT = 3  # the exit code of a rank that ends its own process, stuck past its time
 POLL_S = 0.05
 FAILURE_GRACE_S = 2.0  # after a rank failed, how long the others may take to post theirs
 STACK_WAIT_S = 1.0  # after asking for stacks, how long to wait for them
@@ -119,7 +121,7 @@ class _Beat:
                 "Its stacks:\n")
             sys.stderr.flush()
             faulthandler.dump_traceback(all_threads=True)
-            os._exit(_rank.FAILED_EXIT)
+            os._exit(HUNG_EXIT)
 
 
 def run_here(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -158,6 +160,8 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
          settings: LaunchSettings, recorder: RankRecorder, store: Any, rank: int,
          size: int) -> dict[str, Any]:
     from _pytest.outcomes import OutcomeException
+
+    from pytest_gputrain.distributed import _rank
 
     dist = _dist()
 
