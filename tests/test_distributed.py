@@ -169,9 +169,14 @@ def test_tensors_come_back_to_the_launcher() -> None:
 
 
 def test_environment_and_a_group_of_the_function_own() -> None:
-    results = run_ranks(env_and_own_group, world_size=2, env={"MY_SETTING": "x"},
-                        init_process_group=False, timeout=60)
-    assert results == [("x", "127.0.0.1", 0), ("x", "127.0.0.1", 1)]
+    launched = launch(env_and_own_group, world_size=2, init_process_group=False, timeout=60,
+                      env={"MY_SETTING": "x", "NCCL_DEBUG": "WARN", "NCCL_IB_SECRET": "hush"})
+    assert launched.results == [("x", "127.0.0.1", 0), ("x", "127.0.0.1", 1)]
+    # The record keeps the NCCL variables the ranks ran with, credentials left out.
+    assert launched.record is not None
+    assert launched.record.nccl_env["NCCL_DEBUG"] == "WARN"
+    assert "NCCL_IB_SECRET" not in launched.record.nccl_env
+    assert [r.outcome for r in launched.record.ranks] == ["ok", "ok"]
 
 
 def test_rank_output_is_echoed_with_the_rank(capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,6 +188,15 @@ def test_rank_output_is_echoed_with_the_rank(capsys: pytest.CaptureFixture[str])
     assert "[rank 1] hello from rank 1" in out
     assert "hello from rank 1" in launched.outputs[1]
     assert_all_gone(launched.pids)
+
+
+def test_the_callers_signal_handlers_are_kept() -> None:
+    # torch elastic installs torchrun's handlers when it starts processes; pytest keeps its own.
+    signals = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+               if hasattr(signal, name)]
+    before = [signal.getsignal(number) for number in signals]
+    assert run_ranks(identify, world_size=1, args=("s",), timeout=60)[0][:3] == (0, 1, "s")
+    assert [signal.getsignal(number) for number in signals] == before
 
 
 def test_processes_a_rank_leaves_behind_are_killed() -> None:
@@ -208,6 +222,11 @@ def test_rank_exception_names_the_rank_and_shows_its_traceback() -> None:
     assert 'raise ValueError(f"bad batch on rank {dist.get_rank()}")' in text
     assert "rank 0: finished" in text
     assert "_rank.py" not in text  # the launcher's own frames are left out
+    assert "elastic" not in text  # and so is torch elastic's record(), which runs the rank
+    record = error.record
+    assert record.failed_rank == 1
+    assert [(r.outcome, r.exit_code) for r in record.ranks] == [("ok", 0), ("failed", 3)]
+    assert record.ranks[1].error.phase == "running"
     assert_all_gone(error.pids)
 
 
@@ -228,6 +247,10 @@ def test_hang_becomes_a_timeout_and_nothing_is_left_running(tmp_path: Path) -> N
     assert "rank 1: killed: running the function, not in a collective" in text
     assert "in hang_rank_1" in text  # rank 1's stack, dumped before the kill
     assert "rank 1 (0 call(s)) never entered all_reduce #1 while rank 0 waited" in text
+    record = error.record
+    assert record.timed_out and record.stuck_ranks == [0, 1]
+    assert record.ranks[0].status["op"] == "all_reduce"
+    assert any("in hang_rank_1" in frame for frame in record.ranks[1].stack)
     grandchild = int(pid_file.read_text())
     assert_all_gone([*error.pids, grandchild])
 

@@ -267,7 +267,10 @@ def step_desync(statuses: Mapping[int, Mapping[str, Any]]) -> str | None:
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)", re.MULTILINE)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_OWN_FRAMES = ("pytest_gputrain/distributed/", "pytest_gputrain\\distributed\\")
+_OWN_FRAMES = ("pytest_gputrain/distributed/", "pytest_gputrain\\distributed\\",
+               # elastic's record(), which runs the rank
+               "torch/distributed/elastic/multiprocessing/errors/",
+               "torch\\distributed\\elastic\\multiprocessing\\errors\\")
 
 
 def main_thread_frames(stack_text: str, main_ident: int | None) -> list[str]:
@@ -308,7 +311,7 @@ def _short(path: str) -> str:
 
 
 def user_frames(frames: Iterable[str], limit: int = 4) -> list[str]:
-    """Innermost frames, skipping the launcher's own (heartbeat, rank bootstrap)."""
+    """Innermost frames, skipping the launch's own (heartbeat, rank bootstrap, record())."""
     kept = [f for f in frames
             if not any(own in f for own in _OWN_FRAMES) and not f.startswith("<string>")]
     return kept[:limit]

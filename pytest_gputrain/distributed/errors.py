@@ -32,15 +32,17 @@ class RankFailure(DistributedError):
     ``nccl_error``, ``collective_timeout``, ``peer_failure``, ``init_failure``, ``crash``),
     ``exc_type`` (the rank's exception class name, or None), ``exc_message``, ``traceback_text``,
     ``exit_code``, ``nccl_env`` (the rank's NCCL_* and TORCH_NCCL_* variables), ``log_tail``,
-    ``pids`` (of every rank, all ended by now) and ``facts`` (a DistributedRunFacts when the
-    launch recorded them).
+    ``pids`` (of every rank, all ended by now), ``record`` (the launch's ``LaunchRecord``: every
+    rank's outcome, activity and stack) and ``facts`` (a DistributedRunFacts when the launch
+    recorded them).
     """
 
     def __init__(self, message: str, *, rank: int, world_size: int, backend: str | None,
                  kind: str, exc_type: str | None = None, exc_message: str | None = None,
                  traceback_text: str | None = None, exit_code: int | None = None,
                  nccl_env: dict[str, str] | None = None, log_tail: str = "",
-                 facts: Any = None, pids: list[int] | None = None) -> None:
+                 facts: Any = None, pids: list[int] | None = None,
+                 record: Any = None) -> None:
         super().__init__(message)
         self.rank = rank
         self.world_size = world_size
@@ -54,6 +56,7 @@ class RankFailure(DistributedError):
         self.log_tail = log_tail
         self.facts = facts
         self.pids = list(pids or [])
+        self.record = record
 
 
 class RankTimeout(RankFailure):

@@ -33,7 +33,8 @@ class RankFacts(BaseModel):
     device: str | None = fact(doc="cuda:N or cpu")
     device_name: str | None = fact(doc="GPU product name, or cpu")
     outcome: str | None = fact(doc="ok, failed, skipped, crashed, killed (after a timeout or a "
-                                   "peer's failure), stuck_at_exit")
+                                   "peer's failure), stuck_at_exit, running (under torchrun: "
+                                   "still in the launch when the others reported)")
     exit: str | None = fact(doc="exit code or signal")
     steps: int | None = fact(doc="optimizer steps taken")
     step_time_median: float | None = fact("s", "median time between optimizer steps")
@@ -45,14 +46,15 @@ class RankFacts(BaseModel):
                                         description="torch.distributed calls per operation")
     last_activity: str | None = fact(doc="what the rank was doing last (phase, collective)")
     stack: list[str] = Field(default_factory=list,
-                             description="innermost frames of the main thread when killed")
+                             description="innermost frames of the main thread when killed "
+                                         "(or, under torchrun, left running)")
     error: str | None = fact(doc="the rank's exception, one line")
 
 
 class DistributedRunFacts(FactGroup):
     test: str | None = fact(doc="test node id")
-    launcher: str = fact(doc="run_ranks (one process per rank) or in_process (DataParallel)",
-                         default="run_ranks")
+    launcher: str = fact(doc="run_ranks (one process per rank), torchrun (ranks torchrun "
+                             "started) or in_process (DataParallel)", default="run_ranks")
     world_size: int | None = fact(doc="number of ranks")
     backend: str | None = fact(doc="process group backend the ranks ran (nccl, gloo, ...)")
     outcome: str | None = fact(doc="passed, failed or timeout")

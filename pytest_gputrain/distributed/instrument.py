@@ -1,16 +1,18 @@
 """Inside a rank process: what the rank is doing now (status) and what it did (probe data).
 
 Always on (cheap, needed to explain hangs): collective calls through ``torch.distributed`` are
-counted per operation and the one in progress is recorded; optimizer steps are counted. The
-status is written to a small JSON file by a heartbeat thread, so the launcher can say "rank 1 is
-in all_reduce #3 since 30 s" even after killing the rank.
+counted per operation and the one in progress is recorded; optimizer steps are counted. A
+heartbeat thread hands the status, as JSON, to a sink (a small file in a launched rank, torchrun's
+store under torchrun), so the launcher can say "rank 1 is in all_reduce #3 since 30 s" even after
+killing the rank.
 
 Probe (``--gpu-diagnose``): step end times, arrival times at each step's synchronisation point
 (see ``analysis``), batch sizes of DDP forwards and DataLoader batches, DataParallel use. When the
 rank uses CUDA, the probe synchronises the device before reading the clock at those points, so
 that times are the GPU's, not the host's queueing (a small cost, paid only when diagnosing).
 
-Imported only inside rank processes, after torch.
+Imported only inside rank processes, after torch, and under torchrun for the length of a launch
+(``uninstall`` puts torch back as it was).
 """
 
 from __future__ import annotations
@@ -52,12 +54,23 @@ def _first_tensor(value: Any, torch: Any, depth: int = 0) -> Any:
     return None
 
 
+def status_file(path: Path) -> Callable[[str], None]:
+    """A status sink that replaces ``path`` atomically, so that a reader never sees half a file."""
+
+    def write(text: str) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+    return write
+
+
 class RankRecorder:
     """Status and probe data of one rank; ``install`` patches torch in this process only."""
 
-    def __init__(self, rank: int, status_path: Path, probe: bool) -> None:
+    def __init__(self, rank: int, status_sink: Callable[[str], None], probe: bool) -> None:
         self.rank = rank
-        self.status_path = status_path
+        self.status_sink = status_sink
         self.probe = probe
         self._lock = threading.Lock()
         self._version = 0
@@ -80,6 +93,7 @@ class RankRecorder:
         self._step_optimizer: int | None = None
         self._torch: Any = None
         self._stop = threading.Event()
+        self._undo: list[Callable[[], None]] = []  # what install() changed, to put back
 
     # -- status ------------------------------------------------------------------------------
 
@@ -97,20 +111,24 @@ class RankRecorder:
                 return
             data = dict(self.status, updated=time.monotonic())
             version = self._version
-        tmp = self.status_path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(data), encoding="utf-8")
-            os.replace(tmp, self.status_path)
+            self.status_sink(json.dumps(data))
             self._written = version
-        except OSError:
+        except Exception:  # a full disk, a store gone with its host: the next beat tries again
             pass
 
-    def start_heartbeat(self, parent_pid: int) -> None:
+    def start_heartbeat(self, parent_pid: int | None = None,
+                        on_beat: Callable[[], None] | None = None) -> None:
+        """Flush the status every HEARTBEAT_S; exit when ``parent_pid`` is no longer the parent
+        (the launcher died: never outlive it); call ``on_beat`` each time."""
+
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_S):
-                if os.getppid() != parent_pid:  # the launcher died: never outlive it
+                if parent_pid is not None and os.getppid() != parent_pid:
                     os._exit(70)
                 self.flush()
+                if on_beat is not None:
+                    on_beat()
 
         threading.Thread(target=beat, name="gputrain-heartbeat", daemon=True).start()
 
@@ -218,17 +236,28 @@ class RankRecorder:
         for op in COLLECTIVES:
             original = getattr(dist, op, None)
             if original is not None and not hasattr(original, "__gputrain_wrapped__"):
-                setattr(dist, op, self._wrap_collective(op, original))
+                self._replace(dist, op, self._wrap_collective(op, original))
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            register_optimizer_step_post_hook(self.on_optimizer_step)
+            handle = register_optimizer_step_post_hook(self.on_optimizer_step)
+            self._undo.append(handle.remove)
         except ImportError:  # pragma: no cover - torch < 2.0
             pass
         self._patch_ddp(torch)
         self._patch_data_parallel(torch)
         if self.probe:
             self._patch_dataloader(torch)
+
+    def uninstall(self) -> None:
+        """Put back what ``install`` changed, last change first."""
+        while self._undo:
+            self._undo.pop()()
+
+    def _replace(self, owner: Any, name: str, value: Any) -> None:
+        original = owner.__dict__[name] if name in vars(owner) else getattr(owner, name)
+        setattr(owner, name, value)
+        self._undo.append(lambda: setattr(owner, name, original))
 
     def _patch_ddp(self, torch: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -245,7 +274,7 @@ class RankRecorder:
             module.register_forward_pre_hook(recorder.on_ddp_forward_pre, with_kwargs=True)
             module.register_forward_hook(recorder.on_ddp_forward)
 
-        DistributedDataParallel.__init__ = init  # type: ignore[method-assign,assignment]
+        self._replace(DistributedDataParallel, "__init__", init)
 
     def _patch_data_parallel(self, torch: Any) -> None:
         recorder = self
@@ -257,7 +286,7 @@ class RankRecorder:
             count = len(getattr(module, "device_ids", None) or [])
             recorder.data_parallel_devices = max(recorder.data_parallel_devices, count)
 
-        torch.nn.DataParallel.__init__ = init
+        self._replace(torch.nn.DataParallel, "__init__", init)
 
     def _patch_dataloader(self, torch: Any) -> None:
         from torch.utils.data import dataloader
@@ -274,7 +303,7 @@ class RankRecorder:
             recorder.on_loader_batch(batch)
             return batch
 
-        base.__next__ = next_batch
+        self._replace(base, "__next__", next_batch)
 
     # -- results -----------------------------------------------------------------------------
 

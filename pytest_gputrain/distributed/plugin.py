@@ -100,17 +100,19 @@ class DistributedDiagnosis:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
                                 ) -> Generator[None]:
-        from pytest_gputrain.distributed import launcher
+        # By module path, as the fixture imports launch(): a package attribute can outlive the
+        # module in sys.modules (pytester's in-process runs forget modules they imported).
+        from pytest_gputrain.distributed.launcher import reset_recorder, set_recorder
 
         recorder = ItemRecorder(item.nodeid, probe=True)
         item.stash[_RECORDER] = recorder
-        token = launcher.set_recorder(recorder)
+        token = set_recorder(recorder)
         restore = _patch_data_parallel(recorder)
         try:
             yield
         finally:
             restore()
-            launcher.reset_recorder(token)
+            reset_recorder(token)
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]

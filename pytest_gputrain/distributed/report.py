@@ -9,7 +9,7 @@ from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts, di
 
 if TYPE_CHECKING:
     from pytest_gputrain.distributed.errors import RankFailure
-    from pytest_gputrain.distributed.launcher import _Runner
+    from pytest_gputrain.distributed.record import LaunchRecord
     from pytest_gputrain.engine.evaluate import RuleEngine
     from pytest_gputrain.facts import EnvironmentFacts
     from pytest_gputrain.findings import Finding
@@ -17,71 +17,53 @@ if TYPE_CHECKING:
 SCOPE = "distributed"
 
 
-def _outcome(state: Any) -> str:
-    if state.stuck_at_exit:
-        return "stuck_at_exit"
-    if state.killed:
-        return "killed"
-    result = state.result or {}
-    if result.get("ok"):
-        return "ok"
-    if result.get("kind") == "skipped":
-        return "skipped"
-    return "failed" if result else "crashed"
-
-
-def build_facts(runner: _Runner, test: str | None,
+def build_facts(record: LaunchRecord, test: str | None,
                 error: RankFailure | None) -> DistributedRunFacts:
     from pytest_gputrain.distributed.errors import RankTimeout
-    from pytest_gputrain.distributed.launcher import _nccl_env
 
-    probes: dict[int, dict[str, Any]] = {}
-    for state in runner.states:
-        probe = (state.result or {}).get("probe")
-        if isinstance(probe, dict):
-            probes[state.rank] = probe
-    complete = len(probes) == len(runner.states) and bool(probes)
+    probes: dict[int, dict[str, Any]] = {
+        rank.rank: dict(rank.probe) for rank in record.ranks if rank.probe is not None}
+    complete = len(probes) == len(record.ranks) and bool(probes)
     steps = analysis.step_analysis(probes) if complete else {}
     batches = analysis.batch_analysis(probes) if complete else {}
     ranks = []
-    for index, state in enumerate(runner.states):
-        probe = probes.get(state.rank, {})
-        status = runner.statuses.get(state.rank, {})
-        result = state.result or {}
-        frames = runner._frames(state.rank) if state.killed else []
-        step_count = status.get("step")
+    for index, rank in enumerate(record.ranks):
+        probe = probes.get(rank.rank, {})
+        step_count = rank.status.get("step")
         ranks.append(RankFacts(
-            rank=state.rank,
-            pid=state.process.pid,
+            rank=rank.rank,
+            pid=rank.pid,
             device=probe.get("device"),
             device_name=probe.get("device_name"),
-            outcome=_outcome(state),
-            exit=analysis.describe_exit(state.exit_code),
+            outcome=rank.outcome,
+            exit=rank.exit,
             steps=int(step_count) if step_count is not None else None,
             step_time_median=(steps.get("step_time_medians") or [None] * (index + 1))[index],
             busy_time_median=(steps.get("busy_time_medians") or [None] * (index + 1))[index],
             wait_fraction=(steps.get("wait_fractions") or [None] * (index + 1))[index],
             samples=(batches.get("samples") or [None] * (index + 1))[index],
             batch_size_median=(batches.get("batch_size_medians") or [None] * (index + 1))[index],
-            collectives={str(k): int(v) for k, v in (status.get("collectives") or {}).items()},
-            last_activity=runner._activity(state.rank, runner.ended),
-            stack=frames,
-            error=(f"{result.get('type')}: {analysis.tail(str(result.get('message', '')), 1)}"
-                   if result and not result.get("ok") else None),
+            collectives={str(k): int(v)
+                         for k, v in (rank.status.get("collectives") or {}).items()},
+            last_activity=rank.activity,
+            stack=list(rank.stack) if rank.stuck else [],
+            error=(f"{rank.error.type}: {analysis.tail(rank.error.message, 1)}"
+                   if rank.error is not None else None),
         ))
     names = [r.device_name for r in ranks if r.device_name]
     gpu_names = [r.device_name for r in ranks
                  if r.device_name and (r.device or "").startswith("cuda")]
     facts = DistributedRunFacts(
         test=test,
-        world_size=runner.world_size,
-        backend=_seen_backend(probes) or runner.backend,
+        launcher=record.launcher,
+        world_size=record.world_size,
+        backend=_seen_backend(probes) or record.backend,
         outcome=("timeout" if isinstance(error, RankTimeout) else
                  "failed" if error is not None else "passed"),
-        duration=round(runner.ended - runner.started, 3),
-        timeout=runner.timeout,
-        collective_timeout=runner.collective_timeout,
-        probe=runner.probe,
+        duration=round(record.duration, 3),
+        timeout=record.timeout,
+        collective_timeout=record.collective_timeout,
+        probe=record.probe,
         ranks=ranks,
         device_names=names if len(names) == len(ranks) else None,
         distinct_device_names=len(set(gpu_names)) if gpu_names else None,
@@ -89,7 +71,7 @@ def build_facts(runner: _Runner, test: str | None,
         ddp_used=any(p.get("ddp_used") for p in probes.values()) if probes else None,
         data_parallel_devices=(max(int(p.get("data_parallel_devices") or 0)
                                    for p in probes.values()) if probes else None),
-        nccl_variables=_nccl_env(runner.child_env),
+        nccl_variables=dict(record.nccl_env),
     )
     if steps:
         facts.steps = steps["steps"]
@@ -125,7 +107,7 @@ def build_facts(runner: _Runner, test: str | None,
             facts.samples_summary = analysis.per_rank_summary(batches["samples"])
             facts.batch_size_summary = analysis.per_rank_summary(batches["batch_size_medians"])
     if error is not None:
-        _failure_facts(facts, runner, error)
+        _failure_facts(facts, record, error)
     return facts
 
 
@@ -134,10 +116,11 @@ def _seen_backend(probes: dict[int, dict[str, Any]]) -> str | None:
     return seen.pop() if len(seen) == 1 else None
 
 
-def _failure_facts(facts: DistributedRunFacts, runner: _Runner, error: RankFailure) -> None:
+def _failure_facts(facts: DistributedRunFacts, record: LaunchRecord,
+                   error: RankFailure) -> None:
     from pytest_gputrain.distributed.errors import RankTimeout
 
-    watchdog = runner._watchdog()
+    watchdog = record.watchdog
     facts.failed_rank = error.rank
     facts.failure_kind = error.kind
     message = error.exc_message or ""
@@ -153,16 +136,14 @@ def _failure_facts(facts: DistributedRunFacts, runner: _Runner, error: RankFailu
         facts.nccl_waited = watchdog.get("ran_s")
         message = watchdog["line"]
     facts.failure_message = " ".join(message.split())[:300].rstrip(".")
-    stuck = [s.rank for s in runner.states if s.killed]
-    if stuck and facts.stuck_ranks is None:
-        facts.stuck_ranks = stuck
-    facts.desync = analysis.collective_desync(runner.statuses, runner.ended, watchdog)
+    if record.stuck_ranks and facts.stuck_ranks is None:
+        facts.stuck_ranks = list(record.stuck_ranks)
+    facts.desync = record.desync
     parts = []
     if facts.desync:
         parts.append(facts.desync)
-    steps = analysis.step_desync(runner.statuses)
-    if steps:
-        parts.append(steps)
+    if record.step_desync:
+        parts.append(record.step_desync)
     if watchdog:
         parts.append(f"the NCCL watchdog on rank {watchdog['rank']} aborted {watchdog['op']} "
                      f"(sequence number {watchdog['seq']}) after {watchdog['ran_s']:.1f} s")

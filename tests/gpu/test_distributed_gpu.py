@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -218,3 +219,56 @@ def fail_on_gpu_rank_1() -> None:
     torch.ones(1, device=rank_device())
     if dist.get_rank() == 1:
         raise ValueError("rank 1 refuses")
+
+
+UNDER_TORCHRUN = '''
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_gputrain.distributed import RankFailure
+from tests_helpers_gpu import train
+
+
+def refuse_on_rank_1():
+    torch.ones(1, device=f"cuda:{os.environ['LOCAL_RANK']}")
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 refuses")
+
+
+def test_ddp_twice(distributed):
+    for _ in range(2):  # each launch gets an NCCL group of its own
+        assert distributed.run(train, world_size=2, backend="nccl", args=(-1, 0.0, 5)) == [0, 1]
+    record = distributed.last.record
+    assert record.launcher == "torchrun" and record.backend == "nccl"
+    assert [rank.probe["device"] for rank in record.ranks] == ["cuda:0", "cuda:1"]
+
+
+def test_failure_is_named_on_every_rank(distributed):
+    with pytest.raises(RankFailure) as caught:
+        distributed.run(refuse_on_rank_1, world_size=2, backend="nccl", timeout=120)
+    assert caught.value.rank == 1
+    assert "ValueError: rank 1 refuses" in str(caught.value)
+'''
+
+
+def test_the_same_nccl_tests_run_on_torchrun_ranks(pytester: pytest.Pytester,
+                                                    plugin_args: list[str]) -> None:
+    """pytest on 2 torchrun ranks: the launches run in the workers, one GPU each, over NCCL."""
+    pytester.makepyfile(tests_helpers_gpu=TRAINING.split("def test_straggler")[0],
+                        test_torchrun=UNDER_TORCHRUN)
+    started = time.monotonic()
+    result = pytester.run(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node=2", "--log-dir=logs", "--redirects=3", "-m",
+                          "pytest", "--gpu-diagnose", "-rA", *plugin_args, "test_torchrun.py",
+                          timeout=400)
+    logs = {int(path.parent.name): path.read_text()
+            for path in (pytester.path / "logs").glob("*/attempt_0/*/stdout.log")}
+    for rank, log in sorted(logs.items()):
+        print(f"--- torchrun rank {rank} ---\n{log[-3000:]}")
+    print(f"torchrun session took {time.monotonic() - started:.1f} s")
+    assert sorted(logs) == [0, 1], result.stderr.str()[-4000:]
+    assert all("2 passed" in log for log in logs.values())
+    assert result.ret == 0
