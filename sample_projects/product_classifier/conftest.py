@@ -4,6 +4,7 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 PROJECT = Path(__file__).resolve().parent
@@ -15,3 +16,10 @@ if str(PROJECT) not in sys.path:
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The pytest-gputrain repository's configuration registers `slow` (and leaves such tests
+    # out of its default run); run from this folder, the project registers it itself.
+    if not any(line.split(":")[0].strip() == "slow" for line in config.getini("markers")):
+        config.addinivalue_line("markers", "slow: trains for minutes on a CPU")
