@@ -17,9 +17,9 @@ import time
 import weakref
 from typing import Any
 
-from pytest_gputrain.probe.hooks import Installation, is_compiling
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
+from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
 from pytest_gputrain.run_facts import (
     ForwardRecord,
     LoaderFacts,
