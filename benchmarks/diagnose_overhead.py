@@ -36,9 +36,9 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_gputrain.probe.hooks import global_hook_counts
 from pytest_gputrain.probe.run import RunProbe
 from pytest_gputrain.probe.run_record import StepFlag
+from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
 
 class BasicBlock(nn.Module):

@@ -23,10 +23,12 @@ from pathlib import Path
 from pydantic import ValidationError
 from tabulate import tabulate
 
+from pytest_gputrain import scopes
 from pytest_gputrain.engine.config import SettingError, build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
-from pytest_gputrain.engine.rules import SCOPES, RuleFileError
+from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
+from pytest_gputrain.plugin import load_features
 
 
 class CliError(Exception):
@@ -72,7 +74,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     engine = _engine(args)
     findings = engine.evaluate_environment(facts.environment)
     try:
-        findings = engine.evaluate_recorded_runs(facts, findings)
+        findings = engine.evaluate_records(facts, findings)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -134,7 +136,7 @@ def cmd_facts(args: argparse.Namespace) -> int:
     from pytest_gputrain.engine.vocabulary import scope_names
     from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts, device_namespace
 
-    if args.scope in ("session", "device"):
+    if args.scope in ("session", "device"):  # the core's scopes, listed with their units
         names = device_namespace(EnvironmentFacts(), DeviceFacts())
         rows = [(name, unit or "") for name, (_, unit, _) in sorted(names.items())
                 if name in scope_names(args.scope)]
@@ -154,6 +156,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from pytest_gputrain import __version__
 
+    load_features()  # their rule scopes, which rules and facts files may name
     parser = argparse.ArgumentParser(prog="python -m pytest_gputrain",
                                      description="pytest-gputrain rule engine tools")
     parser.add_argument("--version", action="version", version=f"pytest-gputrain {__version__}")
@@ -175,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     rules = sub.add_parser("rules", help="list the rule catalogue")
-    rules.add_argument("--scope", choices=SCOPES)
+    rules.add_argument("--scope", choices=scopes.names())
     rule_options(rules)
     rules.set_defaults(func=cmd_rules)
 
@@ -185,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=cmd_explain)
 
     facts = sub.add_parser("facts", help="list the fact names rules can use")
-    facts.add_argument("--scope", choices=SCOPES, default="device")
+    facts.add_argument("--scope", choices=scopes.names(), default="device")
     facts.set_defaults(func=cmd_facts)
 
     schema = sub.add_parser("schema", help="print the JSON schema of --gpu-report .json files")

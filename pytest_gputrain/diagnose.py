@@ -1,67 +1,166 @@
 """The ``--gpu-diagnose`` session: collect the environment once, judge it, report it.
 
-Registered by plugin.py only when the diagnosis is on, so a plain run pays nothing for it.
+Started by plugin.py only when the diagnosis is on, so a plain run pays nothing for it. Features
+find it with ``diagnosis(config)`` (None when the diagnosis is off) and hand it what they found
+through one door each:
+
+- ``add_record(scope, record)``: facts of a registered scope (a test's run, a failure, a
+  launch). The session's findings come from its records exactly as a replay of the facts file
+  computes them; the facts file (``--gpu-facts-out``) keeps them.
+- ``add_section(name, section, terminal=...)``: a section of the report files, and optionally
+  lines for the terminal summary.
+
+On a pytest-xdist worker the diagnosis is a ``WorkerDiagnosis``: it judges with the
+controller's environment and sends its records to the controller when the worker ends; the
+controller alone reports (sections added on a worker are not reported: derive them from records,
+which reach the controller).
+
+Import-light: importing this module imports neither torch nor pydantic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain.engine.evaluate import RuleEngine
-from pytest_gputrain.facts import EnvironmentFacts, FactsFile
-from pytest_gputrain.findings import Finding, sort_findings
-from pytest_gputrain.options import Settings
-from pytest_gputrain.report.markdown import report_markdown
-from pytest_gputrain.report.model import build_report, fails, report_json, write_atomically
-from pytest_gputrain.report.terminal import findings_lines, header_lines
+from pytest_gputrain import scopes
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.facts import EnvironmentFacts, FactsFile
+    from pytest_gputrain.findings import Finding
+    from pytest_gputrain.options import Settings
+
+PLUGIN_NAME = "gputrain-diagnose"
+DIAGNOSIS_KEY = pytest.StashKey["Diagnosis"]()
+# pytest-xdist: the controller's environment goes to the workers, their records come back.
+WORKER_ENVIRONMENT = "gputrain_environment"
+WORKER_RECORDS = "gputrain_records"
+
+TerminalLines = Callable[[int], list[str]]
 
 
-class DiagnoseSession:
-    """State and hooks of one diagnosed session (registered as a plugin object)."""
+def diagnosis(config: pytest.Config) -> Diagnosis | None:
+    """The session's diagnosis, or None when ``--gpu-diagnose`` is off."""
+    return config.stash.get(DIAGNOSIS_KEY, None)
 
-    def __init__(self, config: pytest.Config, settings: Settings, engine: RuleEngine) -> None:
+
+class Diagnosis:
+    """What every diagnosed process holds: the rules, the environment, the features' records."""
+
+    def __init__(self, config: pytest.Config, engine: RuleEngine) -> None:
         self.config = config
-        self.settings = settings
         self.engine = engine
         self._environment: EnvironmentFacts | None = None
-        self._findings: list[Finding] | None = None
-        # Recorded facts from the run probe and the distributed launcher; findings come from
-        # them exactly as a replay computes them. Other features add report sections.
-        self.runs: list[dict[str, Any]] = []
-        self.failures: list[dict[str, Any]] = []
-        self.distributed: list[dict[str, Any]] = []
-        self.sections: dict[str, Any] = {}
-        self._run_findings: list[Finding] = []
-        self._run_findings_key: tuple[int, int, int] = (0, 0, 0)
+        self._records: dict[str, list[dict[str, Any]]] = {}
+        self._sections: dict[str, tuple[Any, TerminalLines | None]] = {}
 
     @property
     def environment(self) -> EnvironmentFacts:
         if self._environment is None:
-            from pytest_gputrain.collect import collect_environment
-
-            self._environment = collect_environment()
+            self._environment = self._read_environment()
         return self._environment
+
+    def _read_environment(self) -> EnvironmentFacts:
+        from pytest_gputrain.collect import collect_environment
+
+        return collect_environment()
+
+    def add_record(self, scope: str, record: BaseModel) -> Any:
+        """Keep one record of ``scope`` (a registered scope that records, e.g. ``run``).
+
+        Returns the record as the facts file keeps it (read back from its JSON), so that a
+        feature judging it now judges exactly what a replay will.
+        """
+        spec = scopes.get(scope)
+        if not spec.recorded:
+            raise ValueError(f"scope {scope!r} takes no records: its facts come from the "
+                             "environment")
+        if not isinstance(record, spec.model):
+            raise TypeError(f"a {scope!r} record must be a {spec.model.__qualname__}, "
+                            f"got {type(record).__qualname__}")
+        data = record.model_dump(mode="json")
+        self._records.setdefault(scope, []).append(data)
+        return spec.model.model_validate(data)
+
+    def records(self, scope: str) -> list[dict[str, Any]]:
+        """The records of ``scope`` so far, as plain JSON data."""
+        return list(self._records.get(scope, []))
+
+    def add_section(self, name: str, section: Any, terminal: TerminalLines | None = None) -> None:
+        """A section of the report files: ``sections[name]`` in the JSON report; a ``markdown``
+        string in it is printed by the Markdown report.
+
+        ``section`` is the value, or a function that gives it when the reports are written
+        (None leaves it out), so that a section built from records is complete. ``terminal``
+        gives the section's lines for the terminal summary (its argument: the width), printed
+        after the findings.
+        """
+        self._sections[name] = (section, terminal)
+
+    def sections(self) -> dict[str, Any]:
+        """The report sections, computed now."""
+        result: dict[str, Any] = {}
+        for name, (section, _) in self._sections.items():
+            value = section() if callable(section) else section
+            if value is not None:
+                result[name] = value
+        return result
+
+    def terminal_lines(self, width: int) -> list[list[str]]:
+        """Each section's terminal lines, where it has some."""
+        blocks = []
+        for _, terminal in self._sections.values():
+            lines = terminal(width) if terminal is not None else []
+            if lines:
+                blocks.append(lines)
+        return blocks
+
+    def facts_file(self) -> FactsFile:
+        from pytest_gputrain.facts import FactsFile
+
+        return FactsFile(environment=self.environment, records=self._records)
+
+
+class DiagnoseSession(Diagnosis):
+    """The diagnosis of the single process, or of the pytest-xdist controller: it reports."""
+
+    def __init__(self, config: pytest.Config, settings: Settings, engine: RuleEngine) -> None:
+        super().__init__(config, engine)
+        self.settings = settings
+        self._environment_findings: list[Finding] | None = None
+        self._record_findings: list[Finding] = []
+        self._record_findings_count = 0
 
     @property
     def findings(self) -> list[Finding]:
-        if self._findings is None:
-            self._findings = self.engine.evaluate_environment(self.environment)
-        # Run and failure findings come from the recorded facts, exactly as a replay computes
-        # them (under xdist the workers' facts arrive at the controller when each worker ends).
-        key = (len(self.runs), len(self.failures), len(self.distributed))
-        if key != self._run_findings_key:
-            self._run_findings = self.engine.evaluate_recorded_runs(self.facts_file())
-            self._run_findings_key = key
-        return sort_findings(self._findings + self._run_findings)
+        from pytest_gputrain.findings import sort_findings
+
+        if self._environment_findings is None:
+            self._environment_findings = self.engine.evaluate_environment(self.environment)
+        # Records only ever grow: judge them again when there are more (under xdist the
+        # workers' records arrive when each worker ends).
+        count = sum(len(records) for records in self._records.values())
+        if count != self._record_findings_count:
+            self._record_findings = self.engine.evaluate_records(self.facts_file())
+            self._record_findings_count = count
+        return sort_findings(self._environment_findings + self._record_findings)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from pytest_gputrain.report.terminal import header_lines
+
         return header_lines(self.environment)
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from pytest_gputrain.report.model import fails
+        from pytest_gputrain.report.terminal import findings_lines
+
         terminalreporter.write_sep("=", "gputrain diagnosis")
         width = max(60, terminalreporter._tw.fullwidth - 2)
         verbose = self.config.getoption("verbose", 0) > 0
@@ -69,11 +168,9 @@ class DiagnoseSession:
             color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
                 line.split(" ", 1)[0], {})
             terminalreporter.write_line(line, **color)
-        if self.runs:
-            from pytest_gputrain.probe.summary import runs_lines
-
+        for lines in self.terminal_lines(width):
             terminalreporter.write_line("")
-            for line in runs_lines(self.runs, width=width):
+            for line in lines:
                 terminalreporter.write_line(line)
         for path in self.settings.reports:
             terminalreporter.write_line(f"gputrain: report written to {path}")
@@ -86,6 +183,8 @@ class DiagnoseSession:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
+        from pytest_gputrain.report.model import fails
+
         # Before the terminal reporter's summary, so the files exist when it names them.
         self._write_outputs()
         failed = fails(self.findings, self.settings.fail_on)
@@ -97,44 +196,51 @@ class DiagnoseSession:
             session.exitstatus = pytest.ExitCode.OK
         yield
 
-    # -- pytest-xdist: environment to the workers, run facts back ---------------------------------
+    # -- pytest-xdist: environment to the workers, records back -----------------------------------
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        from pytest_gputrain.probe.session import WORKER_ENVIRONMENT
-
         node.workerinput[WORKER_ENVIRONMENT] = self.environment.model_dump_json()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        from pytest_gputrain.probe.session import WORKER_FAILURES, WORKER_RUNS
-
         output = getattr(node, "workeroutput", None) or {}
-        self.runs.extend(output.get(WORKER_RUNS, []))
-        self.failures.extend(output.get(WORKER_FAILURES, []))
-
-    def facts_file(self) -> FactsFile:
-        return FactsFile(environment=self.environment, runs=self.runs, failures=self.failures,
-                         distributed=self.distributed)
+        for scope, records in output.get(WORKER_RECORDS, {}).items():
+            self._records.setdefault(scope, []).extend(records)
 
     def _write_outputs(self) -> None:
-        findings = self.findings
-        for extra in self.config.hook.pytest_gputrain_report_sections(config=self.config):
-            self.sections.update(extra or {})
-        if self.runs:
-            from pytest_gputrain.probe.summary import runs_section
+        from pytest_gputrain.report.markdown import report_markdown
+        from pytest_gputrain.report.model import build_report, report_json
 
-            self.sections["runs"] = runs_section(self.runs)
+        findings = self.findings
+        sections = self.sections()
         for path in self.settings.reports:
-            report = build_report(self.environment, findings, self.settings.fail_on,
-                                  self.sections)
+            report = build_report(self.environment, findings, self.settings.fail_on, sections)
             text = report_json(report) if path.suffix == ".json" else report_markdown(report)
             _write(path, text)
         if self.settings.facts_out:
             _write(self.settings.facts_out, self.facts_file().model_dump_json(indent=1) + "\n")
 
 
+class WorkerDiagnosis(Diagnosis):
+    """The diagnosis on a pytest-xdist worker: the controller's environment; records go back."""
+
+    def _read_environment(self) -> EnvironmentFacts:
+        from pytest_gputrain.facts import EnvironmentFacts
+
+        text = getattr(self.config, "workerinput", {}).get(WORKER_ENVIRONMENT)
+        if text:
+            return EnvironmentFacts.model_validate_json(text)
+        return super()._read_environment()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.config.workeroutput[WORKER_RECORDS] = self._records  # type: ignore[attr-defined]
+
+
 def _write(path: Path, text: str) -> None:
+    from pytest_gputrain.report.model import write_atomically
+
     try:
         write_atomically(path, text)
     except OSError as exc:

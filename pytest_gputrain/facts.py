@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from pytest_gputrain import scopes
 
 SCHEMA_VERSION = 1
 
@@ -225,19 +235,54 @@ class EnvironmentFacts(BaseModel):
 
 
 class FactsFile(BaseModel):
-    """What ``--gpu-facts-out`` writes and ``python -m pytest_gputrain replay`` reads."""
+    """What ``--gpu-facts-out`` writes and ``python -m pytest_gputrain replay`` reads.
+
+    ``records`` holds what the features recorded, by scope name, as plain JSON objects (so that
+    this module depends on no feature's models). In the file each recorded scope keeps its
+    records under its own key (``runs``, ``failures``, ``distributed``), as it always has.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
     kind: Literal["pytest-gputrain-facts"] = "pytest-gputrain-facts"
     environment: EnvironmentFacts
-    # Per-test run and failure facts are added by the run probe; kept as plain JSON objects here
-    # so that this module does not depend on the probe's models.
-    runs: list[dict[str, Any]] = Field(default_factory=list)
-    failures: list[dict[str, Any]] = Field(default_factory=list)
-    # Launches of run_ranks (pytest_gputrain.distributed.facts.DistributedRunFacts), likewise.
-    distributed: list[dict[str, Any]] = Field(default_factory=list)
+    records: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict, description="scope name -> the records features added")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _records_from_their_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "records" in data:
+            return data
+        data = dict(data)
+        data["records"] = {scope.name: data.pop(scope.records_key)
+                           for scope in scopes.recorded() if scope.records_key in data}
+        return data
+
+    @field_validator("records")
+    @classmethod
+    def _recorded_scopes_only(cls, records: dict[str, list[dict[str, Any]]]
+                              ) -> dict[str, list[dict[str, Any]]]:
+        for name in records:
+            try:
+                scope = scopes.get(name)
+            except scopes.UnknownScopeError as exc:
+                raise ValueError(str(exc)) from None
+            if not scope.recorded:
+                raise ValueError(f"scope {name!r} records nothing: its facts come from the "
+                                 "environment")
+        return records
+
+    @model_serializer(mode="wrap")
+    def _records_under_their_keys(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        records = data.pop("records")
+        for scope in scopes.recorded():  # every recorded scope, empty or not, in a stable order
+            data[scope.records_key] = records.pop(scope.name, [])
+        if records:
+            raise ValueError(f"records of unregistered scope(s) {', '.join(sorted(records))}")
+        return data
 
 
 def group_namespace(prefix: str, group: BaseModel) -> dict[str, tuple[Any, str | None, str | None]]:
@@ -314,3 +359,28 @@ def device_namespace(
     names = session_namespace(env)
     names.update(group_namespace("device", device))
     return names
+
+
+def device_subject(device: DeviceFacts) -> str:
+    """'GPU 0 NVIDIA H200', with torch's number when it differs: 'GPU 3 NVIDIA H200 (cuda:0)'."""
+    subject = f"GPU {device.index}" + (f" {device.name}" if device.name else "")
+    if device.torch_index is not None and device.torch_index != device.index:
+        subject += f" (cuda:{device.torch_index})"
+    return subject
+
+
+# The core's scopes: the machine once per session, and each GPU.
+scopes.register(scopes.Scope(
+    name="session",
+    model=EnvironmentFacts,
+    namespace=lambda env, record, related: session_namespace(record),
+    subject=lambda record: "session",
+    from_environment=lambda env: [env],
+))
+scopes.register(scopes.Scope(
+    name="device",
+    model=DeviceFacts,
+    namespace=lambda env, device, related: device_namespace(env, device),
+    subject=device_subject,
+    from_environment=lambda env: env.devices,
+))

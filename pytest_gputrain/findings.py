@@ -6,10 +6,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_gputrain import scopes
+
 Severity = Literal["info", "warning", "error"]
-Scope = Literal["session", "device", "run", "failure", "distributed"]
 
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
+
+
+def _scope_schema(schema: dict[str, Any]) -> None:
+    # The documented schema lists the scopes registered when it is generated.
+    rest = dict(schema)
+    schema.clear()
+    schema.update({"enum": scopes.names(), **rest})
 
 
 class Evidence(BaseModel):
@@ -29,7 +37,7 @@ class Finding(BaseModel):
     name: str
     title: str
     severity: Severity
-    scope: Scope
+    scope: str = Field(json_schema_extra=_scope_schema)
     subject: str = Field(description="'session', a device ('cuda:0 NVIDIA H200') or a test id")
     message: str
     fix: str

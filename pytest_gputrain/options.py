@@ -1,7 +1,10 @@
-"""Command-line options and their ini twins, read into one typed ``Settings`` object.
+"""Command-line options and their ini twins: the declarative table every feature uses, and the
+diagnosis's own options, read into one typed ``Settings`` object.
 
 Every option can be set on the command line or in the ini file (pytest.ini, tox.ini,
-setup.cfg or ``[tool.pytest.ini_options]`` in pyproject.toml); the command line wins.
+setup.cfg or ``[tool.pytest.ini_options]`` in pyproject.toml); the command line wins. Each
+feature declares its own table next to its hooks (``probe/plugin.py``, ``assertions/plugin.py``,
+``regression/settings.py``).
 """
 
 from __future__ import annotations
@@ -46,11 +49,6 @@ OPTIONS: tuple[Option, ...] = (
            "repeatable", kind="args", default=[], metavar="DIR"),
     Option("--gpu-facts-out", "gpu_facts_out", "write the collected facts to PATH (JSON) for "
            "`python -m pytest_gputrain replay PATH` on any machine", metavar="PATH"),
-    Option("--gpu-probe", "gpu_probe", "with --gpu-diagnose: probe each test's training run "
-           "and diagnose GPU failures: on (default) or off", default="on", metavar="on|off"),
-    Option("--gpu-profile-steps", "gpu_profile_steps", "with --gpu-diagnose: the optimizer "
-           "steps of each test that torch.profiler records, e.g. 3-6 (default) or off",
-           default="3-6", metavar="FIRST-LAST"),
 )
 
 

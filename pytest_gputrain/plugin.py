@@ -1,4 +1,4 @@
-"""pytest entry point (``-p no:gputrain`` disables it).
+"""pytest entry point (``-p no:gputrain`` disables it): wires the features to pytest.
 
 Kept light: importing this module imports neither torch nor pydantic. Features load their
 modules only when switched on (``--gpu-diagnose``) or used (a marker, a fixture).
@@ -6,26 +6,35 @@ modules only when switched on (``--gpu-diagnose``) or used (a marker, a fixture)
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_gputrain import options
+from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
     from pytest_gputrain.engine.evaluate import RuleEngine
 
-DIAGNOSE_PLUGIN = "gputrain-diagnose"
-PROBE_PLUGIN = "gputrain-probe"
-
-# Feature hook modules; each keeps its own import light (no torch/pydantic at load).
-pytest_plugins = (
+# The features: each module declares its options, hooks and rule scopes, and keeps its own
+# import light (no torch/pydantic at load). The probe comes first so that `pytest --help` lists
+# its options right after the diagnosis's.
+FEATURES = (
+    "pytest_gputrain.probe.plugin",
     "pytest_gputrain.assertions.plugin",
     "pytest_gputrain.regression.plugin",
     "pytest_gputrain.ladder.plugin",
     "pytest_gputrain.distributed.plugin",
 )
+pytest_plugins = FEATURES
+
+
+def load_features() -> None:
+    """Import the features outside pytest (the command line), so their rule scopes are known."""
+    for module in FEATURES:
+        importlib.import_module(module)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -38,28 +47,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
+# tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     settings = options.read_settings(config)
     if not settings.diagnose:
         return
-    from pytest_gputrain.probe.session import ProbePlugin, read_probe_settings
+    from pytest_gputrain.diagnose import (
+        DIAGNOSIS_KEY,
+        PLUGIN_NAME,
+        DiagnoseSession,
+        Diagnosis,
+        WorkerDiagnosis,
+    )
 
-    probe_settings = read_probe_settings(config)
     engine = load_engine(config)
-    if _is_xdist_worker(config):
-        # Workers run the tests: they probe them and send run/failure facts to the controller,
-        # which diagnoses the environment once and reports everything.
-        probe = ProbePlugin.for_worker(config, engine, probe_settings)
-        config.pluginmanager.register(probe, PROBE_PLUGIN)
-        return
-    from pytest_gputrain.diagnose import DiagnoseSession
+    # Workers run the tests: their features record, and the records go to the controller,
+    # which diagnoses the environment once and reports everything.
+    session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
+                          else DiagnoseSession(config, settings, engine))
+    config.stash[DIAGNOSIS_KEY] = session
+    config.pluginmanager.register(session, PLUGIN_NAME)
 
-    session = DiagnoseSession(config, settings, engine)
-    config.pluginmanager.register(session, DIAGNOSE_PLUGIN)
-    config.pluginmanager.register(
-        ProbePlugin(config, engine, lambda: session.environment, session.runs, session.failures,
-                    probe_settings),
-        PROBE_PLUGIN)
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from pytest_gputrain.diagnose import DIAGNOSIS_KEY
+
+    session = config.stash.get(DIAGNOSIS_KEY, None)
+    if session is not None:
+        del config.stash[DIAGNOSIS_KEY]
+        config.pluginmanager.unregister(session)
 
 
 def load_engine(config: pytest.Config) -> RuleEngine:
@@ -81,7 +98,3 @@ def load_engine(config: pytest.Config) -> RuleEngine:
         return RuleEngine.load(rule_config)
     except (RuleFileError, SettingError) as exc:
         raise pytest.UsageError(f"gputrain: {exc}") from None
-
-
-def _is_xdist_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")

@@ -6,17 +6,18 @@ that failed on a GPU error (the exception, classified, and the allocator at the 
 are recorded in the facts file (``--gpu-facts-out``) and replay through the rules anywhere.
 
 Rule names: a ``run`` rule sees the session names (``torch.*``, ``host.*``, ...) plus ``run.*``;
-a ``failure`` rule also sees ``failure.*``. Percentages are 0-100 (unit ``%``), times seconds
+a ``failure`` rule also sees ``failure.*``. This module registers both scopes (the probe
+declares it, see ``probe/plugin.py``). Percentages are 0-100 (unit ``%``), times seconds
 (``s``) unless the unit says ``µs``, memory bytes.
 """
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_gputrain import scopes
 from pytest_gputrain.facts import (
     EnvironmentFacts,
     FactGroup,
@@ -338,11 +339,24 @@ def failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
     return names
 
 
-@cache
-def run_vocabulary() -> frozenset[str]:
-    return frozenset(run_namespace(EnvironmentFacts(), RunFacts()))
+def _failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
+                       related: scopes.Related) -> Namespace:
+    # The failed test's run, when the probe recorded one (the last, should a test run twice).
+    runs = [run for run in related.get("run", ()) if run.nodeid == failure.nodeid]
+    return failure_namespace(env, failure, runs[-1] if runs else None)
 
 
-@cache
-def failure_vocabulary() -> frozenset[str]:
-    return frozenset(failure_namespace(EnvironmentFacts(), FailureFacts()))
+scopes.register(scopes.Scope(
+    name="run",
+    model=RunFacts,
+    namespace=lambda env, run, related: run_namespace(env, run),
+    subject=lambda run: run.nodeid,
+    records_key="runs",
+))
+scopes.register(scopes.Scope(
+    name="failure",
+    model=FailureFacts,
+    namespace=_failure_namespace,
+    subject=lambda failure: failure.nodeid,
+    records_key="failures",
+))

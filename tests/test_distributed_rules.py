@@ -14,8 +14,9 @@ import pytest
 from pytest_gputrain.collect.nvml import Nvml
 from pytest_gputrain.collect.topology import read_topology, topology_indices
 from pytest_gputrain.distributed import analysis
-from pytest_gputrain.distributed.facts import DistributedRunFacts, distributed_vocabulary
+from pytest_gputrain.distributed.facts import DistributedRunFacts
 from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.vocabulary import scope_names
 from pytest_gputrain.facts import (
     DeviceFacts,
     EnvironmentFacts,
@@ -274,7 +275,7 @@ def test_session_names_for_multi_gpu_rules() -> None:
 
 
 def test_distributed_scope_names() -> None:
-    names = distributed_vocabulary()
+    names = scope_names("distributed")
     assert {"dist.straggler_ratio", "dist.failure_kind", "dist.ranks", "env.nccl_variables",
             "devices.torch_names"} <= names
     assert DistributedRunFacts().model_dump()["launcher"] == "run_ranks"

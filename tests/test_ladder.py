@@ -91,7 +91,9 @@ def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) ->
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=3)
+    # The no-CUDA check skips itself where CUDA is available (a GPU machine).
+    cuda = pytest.importorskip("torch").cuda.is_available()
+    result.assert_outcomes(passed=2 if cuda else 3, skipped=1 if cuda else 0)
     result.stdout.fnmatch_lines([
         "*gputrain readiness ladder: toy*",
         "run*batch*step time*speed-up*peak VRAM*util*temp*val acc*",

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-import pytest_gputrain.probe.session  # noqa: F401  (imported before any in-process inner run)
 from pytest_gputrain.probe import run as run_module
-from pytest_gputrain.probe.hooks import global_hook_counts
+from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
@@ -104,7 +103,7 @@ def test_hooks_are_installed_during_the_call_and_removed_after(
     use_facts("cpu_laptop")
     pytester.makepyfile(test_hooks="""
         import torch
-        from pytest_gputrain.probe.hooks import global_hook_counts
+        from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
         def test_first():
             counts = global_hook_counts(torch)
@@ -127,11 +126,10 @@ def test_hooks_are_installed_during_the_call_and_removed_after(
 def test_without_the_flag_no_hook_is_installed(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(helpers=TRAIN_LOOP)
     pytester.makepyfile(test_plain="""
-        import sys
         import torch
         from helpers import make, train
 
-        def test_plain_path():
+        def test_plain_path(request):
             model, optimizer, loader = make()
             train(model, optimizer, loader, epochs=1)
             from torch.nn.modules import module
@@ -140,7 +138,7 @@ def test_without_the_flag_no_hook_is_installed(pytester: pytest.Pytester) -> Non
             assert not optim_module._global_optimizer_post_hooks
             assert "item" not in vars(torch.Tensor)
             assert not hasattr(torch.autograd.backward, "_gputrain_probe")
-            assert "pytest_gputrain.probe.session" not in sys.modules or True
+            assert not request.config.pluginmanager.has_plugin("gputrain-probe")
         """)
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
@@ -151,8 +149,11 @@ def test_probe_is_not_imported_without_the_flag(pytester: pytest.Pytester) -> No
     pytester.makepyfile("""
         import sys
         def test_nothing_loaded():
-            assert "pytest_gputrain.probe.session" not in sys.modules
-            assert "pytest_gputrain.run_facts" not in sys.modules
+            # The probe's options module is loaded; the probe itself and its facts are not.
+            assert "pytest_gputrain.probe.plugin" in sys.modules
+            for name in ("pytest_gputrain.probe.run", "pytest_gputrain.probe.torch_hooks",
+                         "pytest_gputrain.probe.failures", "pytest_gputrain.run_facts"):
+                assert name not in sys.modules, name
         """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)

@@ -113,7 +113,7 @@ def engine() -> RuleEngine:
 @pytest.mark.parametrize("fault", sorted(SIGNATURES))
 def test_each_fault_fires_its_own_rule_only(engine: RuleEngine, fault: str) -> None:
     expected, patch = SIGNATURES[fault]
-    findings = engine.evaluate_recorded_runs(_run_with(patch))
+    findings = engine.evaluate_records(_run_with(patch))
     loud = {f.code for f in findings if f.severity in ("warning", "error")}
     assert loud == expected, [f"{f.code}: {f.message[:160]}" for f in findings]
     assert not any("could not be evaluated" in f.title for f in findings)

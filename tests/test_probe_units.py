@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_gputrain.probe import failures, hooks, loader, profiler_window, run, session
+from pytest_gputrain.probe import failures, loader, plugin, profiler_window, run, torch_hooks
 from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
@@ -263,7 +263,7 @@ def test_patches_restore_exactly() -> None:
 
     module = types.ModuleType("fake")
     module.function = len  # type: ignore[attr-defined]
-    patches = hooks.Patches()
+    patches = torch_hooks.Patches()
     patches.set(Child, "method", lambda self: "patched")  # inherited: absent from Child
     patches.set(Child, "own", lambda self: "patched")
     patches.set(module, "function", min)
@@ -289,7 +289,7 @@ def test_sync_wrapper_counts_only_cuda_tensors() -> None:
     def item(self: Any) -> float:
         return 1.5
 
-    wrapped = hooks.wrap_sync_method("item", item, counts)
+    wrapped = torch_hooks.wrap_sync_method("item", item, counts)
     assert wrapped(FakeTensor(True)) == 1.5 and wrapped(FakeTensor(False)) == 1.5
     assert counts.pending == 1 and counts.by_call == {"item": 1}
 
@@ -303,16 +303,16 @@ def test_sync_wrapper_counts_only_cuda_tensors() -> None:
 
 
 def test_no_global_hooks_outside_a_probe() -> None:
-    counts = hooks.global_hook_counts(torch)
+    counts = torch_hooks.global_hook_counts(torch)
     assert counts == {name: 0 for name in counts}
 
 
 def test_install_and_remove_restore_torch() -> None:
-    before = {name: vars(torch.Tensor).get(name) for name in hooks.SYNC_METHODS}
+    before = {name: vars(torch.Tensor).get(name) for name in torch_hooks.SYNC_METHODS}
     backward = torch.autograd.backward
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
     probe.start()
-    assert hooks.global_hook_counts(torch)["patched_attributes"] >= 10
+    assert torch_hooks.global_hook_counts(torch)["patched_attributes"] >= 10
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(5):
@@ -320,9 +320,9 @@ def test_install_and_remove_restore_torch() -> None:
         model(torch.ones(4, 3)).sum().backward()
         optimizer.step()
     probe.stop()
-    assert {name: vars(torch.Tensor).get(name) for name in hooks.SYNC_METHODS} == before
+    assert {name: vars(torch.Tensor).get(name) for name in torch_hooks.SYNC_METHODS} == before
     assert torch.autograd.backward is backward
-    counts = hooks.global_hook_counts(torch)
+    counts = torch_hooks.global_hook_counts(torch)
     assert counts == {name: 0 for name in counts}
     facts = probe.facts()
     assert facts.steps == 5 and facts.backwards == 5 and facts.forwards == 5
@@ -517,13 +517,13 @@ def test_processes_per_host() -> None:
     (None, (3, 6)),
 ])
 def test_parse_profile_steps(text: str | None, expected: tuple[int, int] | None) -> None:
-    assert session.parse_profile_steps(text) == expected
+    assert plugin.parse_profile_steps(text) == expected
 
 
 @pytest.mark.parametrize("text", ["1-3", "6-3", "a-b", "3-"])
 def test_parse_profile_steps_rejects(text: str) -> None:
     with pytest.raises(ValueError):
-        session.parse_profile_steps(text)
+        plugin.parse_profile_steps(text)
 
 
 def test_nvml_timeline_facts() -> None:

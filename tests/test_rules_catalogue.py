@@ -147,6 +147,8 @@ def case_facts_file(case: Case) -> FactsFile:
         _assign(*_target(data, path), value)
     for path in case.unset:
         _assign(*_target(data, path), None)
+    if case.dist:  # one recorded launch (distributed-scope rules, GT3xx)
+        data["distributed"] = [case.dist]
     return FactsFile.model_validate(data)
 
 
@@ -179,11 +181,7 @@ def test_rule_case(case: Case) -> None:
     facts = case_facts_file(case)
     env = facts.environment
     findings = engine_for(case).evaluate_environment(env)
-    findings = engine_for(case).evaluate_recorded_runs(facts, findings)  # GT1xx, GT2xx
-    if case.dist:
-        from pytest_gputrain.distributed.report import evaluate_data
-
-        findings += evaluate_data(engine_for(case), env, case.dist)
+    findings = engine_for(case).evaluate_records(facts, findings)  # GT1xx, GT2xx, GT3xx
     assert not _broken(findings), "\n".join(_broken(findings))
     mine = [finding for finding in findings if finding.code == case.code]
     if case.expect == "fires":
@@ -310,7 +308,7 @@ def test_healthy_recorded_run_raises_nothing_at_warning_or_error() -> None:
     """A well-written loop (pinned memory, workers, AMP, no_grad eval, big batch) on an H200."""
     for name in ("run_healthy_h200", "run_failure_h200"):
         facts = FactsFile.model_validate(_base_json(name))
-        findings = engine().evaluate_recorded_runs(facts)
+        findings = engine().evaluate_records(facts)
         assert not _broken(findings)
         assert _by_severity(findings, "error") == [], name
         assert _by_severity(findings, "warning") == [], name
@@ -322,7 +320,7 @@ def test_recorded_run_findings_are_deterministic() -> None:
         if not case.code.startswith(("GT1", "GT2")):
             continue
         facts = case_facts_file(case)
-        first = [f.model_dump() for f in engine_for(case).evaluate_recorded_runs(facts)]
-        again = [f.model_dump() for f in engine_for(case).evaluate_recorded_runs(
+        first = [f.model_dump() for f in engine_for(case).evaluate_records(facts)]
+        again = [f.model_dump() for f in engine_for(case).evaluate_records(
             FactsFile.model_validate_json(facts.model_dump_json()))]
         assert first == again, case.id

@@ -1,7 +1,7 @@
 """The ``gpu`` and ``gpu_monitor`` fixtures (imported into ``assertions/plugin.py``).
 
-Import-light: the fixtures find the plugin object by name at run time; torch is touched only
-when a test asks for them.
+Import-light: the fixtures find the plugin object in ``config.stash`` at run time; torch is
+touched only when a test asks for them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ if TYPE_CHECKING:
     from pytest_gputrain.collect.sampler import NvmlSampler
 
 PLUGIN_NAME = "gputrain-assertions"
+PLUGIN_KEY = pytest.StashKey["GpuAssertions"]()
 
 
 def _plugin(request: pytest.FixtureRequest) -> GpuAssertions:
-    plugin: GpuAssertions | None = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    plugin = request.config.stash.get(PLUGIN_KEY, None)
     if plugin is None:  # pragma: no cover - the plugin registers itself in pytest_configure
         raise RuntimeError("pytest-gputrain's assertions plugin is not registered")
     return plugin

@@ -350,13 +350,6 @@ def parse_default_max_vram(text: str) -> MaxVram:
                    origin="gpu_max_vram")
 
 
-PARSERS = {
-    REQUIRES_CUDA: parse_requires_cuda,
-    MAX_VRAM: parse_max_vram,
-    MIN_UTILIZATION: parse_min_utilization,
-}
-
-
 def build_spec(marks: Iterable[tuple[str, tuple[Any, ...], Mapping[str, Any]]],
                fixturenames: Iterable[str], default_max_vram: MaxVram | None = None
                ) -> GpuTestSpec | None:

@@ -31,8 +31,9 @@ import pytest
 from pytest_gputrain import options
 from pytest_gputrain.assertions import markers
 from pytest_gputrain.assertions.failure import GpuMemoryWarning, GpuTrainWarning
-from pytest_gputrain.assertions.fixtures import PLUGIN_NAME, gpu, gpu_monitor
+from pytest_gputrain.assertions.fixtures import PLUGIN_KEY, PLUGIN_NAME, gpu, gpu_monitor
 from pytest_gputrain.units import shown
+from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
     from collections.abc import Generator
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from pytest_gputrain.assertions.backend import GpuBackend
     from pytest_gputrain.assertions.measure import TestRun
     from pytest_gputrain.assertions.requirements import Inventory
+    from pytest_gputrain.assertions.xdist import XdistPinning  # noqa: F401 (stash key type)
     from pytest_gputrain.collect.sampler import NvmlSampler
 
 __all__ = ["GpuAssertions", "gpu", "gpu_monitor"]
@@ -52,6 +54,7 @@ SPEC_KEY = pytest.StashKey[markers.GpuTestSpec]()
 RUN_KEY = pytest.StashKey["TestRun"]()
 CHECKED_KEY = pytest.StashKey[bool]()
 OOM_KEY = pytest.StashKey[Any]()  # the call's ExceptionInfo of a CUDA out-of-memory error
+PINNING_KEY = pytest.StashKey["XdistPinning"]()
 
 OPTIONS: tuple[options.Option, ...] = (
     options.Option(
@@ -92,12 +95,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser, OPTIONS)
 
 
-def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_gputrain.assertions import hooks
-
-    pluginmanager.add_hookspecs(hooks)
-
-
 def read_settings(config: pytest.Config) -> AssertionSettings:
     """The assertion options, validated; a bad value is a usage error that names it."""
     from pytest_gputrain.assertions.xdist import parse_per_worker
@@ -132,8 +129,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     settings = read_settings(config)
     plugin = GpuAssertions(config, settings)
+    config.stash[PLUGIN_KEY] = plugin
     config.pluginmanager.register(plugin, PLUGIN_NAME)
-    if hasattr(config, "workerinput"):
+    if is_xdist_worker(config):
         # An xdist worker: pin it before anything initialises CUDA in this process.
         from pytest_gputrain.assertions.xdist import pin_worker
 
@@ -141,9 +139,21 @@ def pytest_configure(config: pytest.Config) -> None:
     elif settings.per_worker is not None and config.pluginmanager.hasplugin("xdist"):
         from pytest_gputrain.assertions.xdist import XdistPinning
 
-        config.pluginmanager.register(
-            XdistPinning(config, settings.per_worker, settings.share, plugin.count_gpus),
-            PINNING_NAME)
+        pinning = XdistPinning(config, settings.per_worker, settings.share, plugin.count_gpus)
+        config.stash[PINNING_KEY] = pinning
+        config.pluginmanager.register(pinning, PINNING_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _unregister(config, PINNING_KEY)
+    _unregister(config, PLUGIN_KEY)
+
+
+def _unregister(config: pytest.Config, key: pytest.StashKey[Any]) -> None:
+    plugin = config.stash.get(key, None)
+    if plugin is not None:
+        del config.stash[key]
+        config.pluginmanager.unregister(plugin)
 
 
 @dataclass

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_gputrain.collect import nvml
 from pytest_gputrain.facts import DeviceSample
@@ -261,8 +260,3 @@ class NvmlSampler:
         state = "running" if self.running else ("stopped" if self._stopped_at else "new")
         return (f"NvmlSampler(nvml_index={self.nvml_index}, interval={self._interval:g}, "
                 f"{state}, {len(self._samples)} samples)")
-
-
-def as_dicts(samples: Iterable[DeviceSample]) -> list[dict[str, Any]]:
-    """Samples as plain dicts (for JSON reports)."""
-    return [sample.model_dump() for sample in samples]

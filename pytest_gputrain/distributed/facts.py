@@ -2,16 +2,17 @@
 
 Rules of scope ``distributed`` see the session names (``env.*``, ``torch.*``, ``devices.*``, ...)
 plus ``dist.<field>`` for every field of :class:`DistributedRunFacts`
-(``python -m pytest_gputrain facts --scope distributed`` lists them).
+(``python -m pytest_gputrain facts --scope distributed`` lists them). This module registers the
+scope (the distributed plugin declares it).
 """
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pytest_gputrain import scopes
 from pytest_gputrain.facts import (
     EnvironmentFacts,
     FactGroup,
@@ -112,6 +113,18 @@ def distributed_namespace(env: EnvironmentFacts, facts: DistributedRunFacts) -> 
     return names
 
 
-@cache
-def distributed_vocabulary() -> frozenset[str]:
-    return frozenset(distributed_namespace(EnvironmentFacts(), DistributedRunFacts()))
+def subject_of(facts: DistributedRunFacts) -> str:
+    """'tests/test_ddp.py::test_train [2 ranks, nccl]', or the test alone for DataParallel."""
+    test = facts.test or "session"
+    if facts.launcher == "in_process":
+        return test
+    return f"{test} [{facts.world_size} ranks, {facts.backend}]"
+
+
+scopes.register(scopes.Scope(
+    name="distributed",
+    model=DistributedRunFacts,
+    namespace=lambda env, facts, related: distributed_namespace(env, facts),
+    subject=subject_of,
+    records_key="distributed",
+))

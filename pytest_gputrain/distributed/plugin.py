@@ -8,11 +8,11 @@
         t = torch.ones(1); dist.all_reduce(t); assert t.item() == 2
 
 Under ``--gpu-diagnose`` every launch made by a test records per-rank facts
-(``DistributedRunFacts``); the rules of scope ``distributed`` (GT301-GT308) are evaluated on them
-where the diagnosis session lives (the xdist controller too: the facts travel on the test report),
-and the findings go to the test's report section "gputrain diagnosis" and to the session's
-findings and JSON report (``sections["distributed"]``). A test that wraps a model in
-``nn.DataParallel`` in its own process is recorded too (GT304).
+(``DistributedRunFacts``), handed to the diagnosis as records of scope ``distributed``; the rules
+of that scope (GT301-GT308) are evaluated on them where the test ran, and the findings go to the
+test's report section "gputrain diagnosis" and to the session's findings and JSON report
+(``sections["distributed"]``; under xdist the records reach the controller with the others).
+A test that wraps a model in ``nn.DataParallel`` in its own process is recorded too (GT304).
 
 Importing this module imports neither torch nor pydantic.
 """
@@ -22,16 +22,23 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_gputrain import scopes
+
+if TYPE_CHECKING:
+    from pytest_gputrain.diagnose import Diagnosis
+
 SECTION = "gputrain diagnosis"
-REPORT_ATTRIBUTE = "gputrain_distributed"
 MARKER = "distributed"
-
-
+SCOPE = "distributed"
 PLUGIN_NAME = "gputrain-distributed"
+PLUGIN_KEY = pytest.StashKey["DistributedDiagnosis"]()
+
+# The rule scope of launches, registered by distributed/facts.py when rules load.
+scopes.declare("pytest_gputrain.distributed.facts")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,14 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
         " run the test function on world_size ranks, one process each (NCCL on GPUs, gloo on "
         "CPU); fixture values are pickled to the ranks; the test fails if any rank fails or "
         "the ranks hang past timeout seconds")
-    from pytest_gputrain import options
+    from pytest_gputrain.diagnose import diagnosis
 
-    try:
-        diagnose = bool(options.read(config, "gpu_diagnose"))
-    except ValueError:  # the gputrain options are not registered (plugin disabled)
-        diagnose = False
-    if diagnose and not config.pluginmanager.has_plugin(PLUGIN_NAME):
-        config.pluginmanager.register(DistributedDiagnosis(config), PLUGIN_NAME)
+    session = diagnosis(config)
+    if session is None:
+        return
+    plugin = DistributedDiagnosis(config, session)
+    config.stash[PLUGIN_KEY] = plugin
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    session.add_section("distributed", lambda: session.records(SCOPE) or None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.stash.get(PLUGIN_KEY, None)
+    if plugin is not None:
+        del config.stash[PLUGIN_KEY]
+        config.pluginmanager.unregister(plugin)
 
 
 class ItemRecorder:
@@ -92,10 +107,12 @@ _RECORDER = pytest.StashKey[ItemRecorder]()
 
 
 class DistributedDiagnosis:
-    """Registered under --gpu-diagnose (xdist workers and controller alike)."""
+    """Registered under --gpu-diagnose, in every process that runs tests: records each test's
+    launches and judges them there (the records reach the xdist controller with the others)."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, session: Diagnosis) -> None:
         self.config = config
+        self.session = session
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
@@ -114,48 +131,33 @@ class DistributedDiagnosis:
             restore()
             reset_recorder(token)
 
-    @pytest.hookimpl(hookwrapper=True)
+    # The outermost wrapper: its text follows the probe's in the test's diagnosis section.
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
                                   ) -> Generator[None, Any, None]:
         outcome = yield
         recorder = item.stash.get(_RECORDER, None)
         if recorder is None or call.when != "call":
             return
-        records = list(recorder.facts)
+        launches = list(recorder.facts)
         if recorder.data_parallel_devices:
             from pytest_gputrain.distributed.report import in_process_facts
 
-            records.append(in_process_facts(item.nodeid, recorder.data_parallel_devices))
-        if records:
-            report = outcome.get_result()
-            # Plain JSON data: it travels from xdist workers to the controller with the report.
-            setattr(report, REPORT_ATTRIBUTE,
-                    [facts.model_dump(mode="json") for facts in records])
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        data = getattr(report, REPORT_ATTRIBUTE, None)
-        if not data:
+            launches.append(in_process_facts(item.nodeid, recorder.data_parallel_devices))
+        if not launches:
             return
-        from pytest_gputrain.plugin import DIAGNOSE_PLUGIN
+        from pytest_gputrain.distributed.report import section_text
 
-        session = self.config.pluginmanager.get_plugin(DIAGNOSE_PLUGIN)
-        if session is None:
-            return  # an xdist worker: the controller evaluates
-        from pytest_gputrain.distributed.facts import DistributedRunFacts
-        from pytest_gputrain.distributed.report import evaluate, section_text, subject_of
-
-        all_facts = [DistributedRunFacts.model_validate(item) for item in data]
-        findings = []
-        for facts in all_facts:
-            findings.extend(evaluate(session.engine, session.environment, facts,
-                                     subject_of(facts)))
-        # Recorded like runs: the session's findings (and a replay's) come from these facts.
-        session.distributed.extend(data)
-        session.sections.setdefault("distributed", []).extend(data)
-        text = section_text(all_facts, findings)
+        engine, env = self.session.engine, self.session.environment
+        recorded, findings = [], []
+        for facts in launches:
+            # Judged as recorded: the session's findings (and a replay's) come from these.
+            facts = self.session.add_record(SCOPE, facts)
+            recorded.append(facts)
+            findings.extend(engine.evaluate_record(SCOPE, env, facts))
+        text = section_text(recorded, findings)
         if text:
-            _add_section(report, text)
+            _add_section(outcome.get_result(), text)
 
 
 def _add_section(report: pytest.TestReport, text: str) -> None:

@@ -1,20 +1,16 @@
-"""From a finished launch to ``DistributedRunFacts``, and from facts to findings and text."""
+"""From a finished launch to ``DistributedRunFacts``, and from facts and findings to text."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.distributed import analysis
-from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts, distributed_namespace
+from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts
 
 if TYPE_CHECKING:
     from pytest_gputrain.distributed.errors import RankFailure
     from pytest_gputrain.distributed.record import LaunchRecord
-    from pytest_gputrain.engine.evaluate import RuleEngine
-    from pytest_gputrain.facts import EnvironmentFacts
     from pytest_gputrain.findings import Finding
-
-SCOPE = "distributed"
 
 
 def build_facts(record: LaunchRecord, test: str | None,
@@ -163,24 +159,6 @@ def in_process_facts(test: str, data_parallel_devices: int) -> DistributedRunFac
                                 data_parallel_devices=data_parallel_devices)
     facts.unknown["backend"] = "no process group: single process"
     return facts
-
-
-def evaluate(engine: RuleEngine, env: EnvironmentFacts, facts: DistributedRunFacts,
-             subject: str) -> list[Finding]:
-    return engine.evaluate_scope(SCOPE, distributed_namespace(env, facts), subject)
-
-
-def evaluate_data(engine: RuleEngine, env: EnvironmentFacts, data: dict[str, Any],
-                  subject: str = "distributed launch") -> list[Finding]:
-    """Rules of scope ``distributed`` on facts given as a plain mapping (rule cases, replays)."""
-    return evaluate(engine, env, DistributedRunFacts.model_validate(data), subject)
-
-
-def subject_of(facts: DistributedRunFacts) -> str:
-    test = facts.test or "session"
-    if facts.launcher == "in_process":
-        return test
-    return f"{test} [{facts.world_size} ranks, {facts.backend}]"
 
 
 def section_text(facts_list: list[DistributedRunFacts], findings: list[Finding]) -> str:

@@ -1,23 +1,25 @@
-"""Run rules over facts and turn the ones that fire into findings."""
+"""Run rules over facts and turn the ones that fire into findings.
+
+The engine knows scopes through the registry (``pytest_gputrain.scopes``) only: each scope
+gives the namespace a rule's condition reads and the subject its findings name.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gputrain import scopes
 from pytest_gputrain.engine.config import RuleConfig, apply_config
 from pytest_gputrain.engine.expr import UNKNOWN, EvaluationError
 from pytest_gputrain.engine.rules import Rule, RuleFileError, builtin_rules_dir, load_rules
 from pytest_gputrain.engine.vocabulary import scope_names
-from pytest_gputrain.facts import EnvironmentFacts, FactsFile, device_namespace, session_namespace
+from pytest_gputrain.facts import EnvironmentFacts, FactsFile
 from pytest_gputrain.findings import Evidence, Finding, sort_findings
-from pytest_gputrain.run_facts import FailureFacts, RunFacts, failure_namespace, run_namespace
+from pytest_gputrain.scopes import Namespace
 from pytest_gputrain.units import format_value
-
-# name -> (value, unit, why unknown)
-Namespace = Mapping[str, tuple[Any, str | None, str | None]]
 
 
 @dataclass
@@ -45,56 +47,43 @@ class RuleEngine:
                 findings.append(finding)
         return findings
 
+    def evaluate_record(self, scope: str, env: EnvironmentFacts, record: Any,
+                        related: scopes.Related | None = None) -> list[Finding]:
+        """The findings of one record of ``scope``, in rule order.
+
+        ``related``: the other records of the same recording, by scope (a failure's run).
+        """
+        spec = scopes.get(scope)
+        namespace = spec.namespace(env, record, related or {})
+        return self.evaluate_scope(scope, namespace, spec.subject(record))
+
     def evaluate_environment(self, env: EnvironmentFacts) -> list[Finding]:
-        findings = self.evaluate_scope("session", session_namespace(env), "session")
-        for device in env.devices:
-            subject = f"GPU {device.index}" + (f" {device.name}" if device.name else "")
-            if device.torch_index is not None and device.torch_index != device.index:
-                subject += f" (cuda:{device.torch_index})"
-            findings.extend(self.evaluate_scope("device", device_namespace(env, device), subject))
+        """Every scope whose records the environment holds (the session, each GPU)."""
+        findings: list[Finding] = []
+        for scope in scopes.registered():
+            if scope.from_environment is not None:
+                for record in scope.from_environment(env):
+                    findings.extend(self.evaluate_record(scope.name, env, record))
         return sort_findings(findings)
 
-    def evaluate_run(self, env: EnvironmentFacts, run: RunFacts) -> list[Finding]:
-        """Run-scope rules over one test's run facts (subject: the test's node id)."""
-        return sort_findings(self.evaluate_scope("run", run_namespace(env, run), run.nodeid))
+    def evaluate_records(self, facts: FactsFile,
+                         findings: Iterable[Finding] = ()) -> list[Finding]:
+        """``findings`` plus those of every record the features added (runs, failures, ...).
 
-    def evaluate_failure(self, env: EnvironmentFacts, failure: FailureFacts,
-                         run: RunFacts | None = None) -> list[Finding]:
-        """Failure-scope rules over one failed test (its run facts too, when recorded)."""
-        namespace = failure_namespace(env, failure, run)
-        return sort_findings(self.evaluate_scope("failure", namespace, failure.nodeid))
-
-    def evaluate_recorded_runs(self, facts: FactsFile,
-                               findings: Iterable[Finding] = ()) -> list[Finding]:
-        """``findings`` plus those of every recorded run, failure and distributed launch.
-
-        Raises pydantic's ValidationError when a recorded run or failure is malformed.
+        Raises pydantic's ValidationError when a record does not fit its scope's model.
         """
+        records = {scope.name: [scope.model.model_validate(data)
+                                for data in facts.records.get(scope.name, [])]
+                   for scope in scopes.recorded()}
         result = list(findings)
-        runs: dict[str, RunFacts] = {}
-        for data in facts.runs:
-            run = RunFacts.model_validate(data)
-            runs[run.nodeid] = run
-            result.extend(self.evaluate_run(facts.environment, run))
-        for data in facts.failures:
-            failure = FailureFacts.model_validate(data)
-            result.extend(self.evaluate_failure(facts.environment, failure,
-                                                runs.get(failure.nodeid)))
-        if facts.distributed:
-            from pytest_gputrain.distributed.facts import DistributedRunFacts
-            from pytest_gputrain.distributed.report import evaluate, subject_of
-
-            for data in facts.distributed:
-                launch = DistributedRunFacts.model_validate(data)
-                result.extend(evaluate(self, facts.environment, launch, subject_of(launch)))
+        for scope, items in records.items():
+            for record in items:
+                result.extend(self.evaluate_record(scope, facts.environment, record, records))
         return sort_findings(result)
 
 
 def _check_names(rule: Rule) -> None:
-    try:
-        known = scope_names(rule.scope)
-    except ImportError:
-        return
+    known = scope_names(rule.scope)  # load_rule_file accepted only registered scopes
     unknown = sorted(
         name for name in rule.names() if not name.startswith("params.") and name not in known
     )
@@ -141,7 +130,7 @@ def evaluate_rule(rule: Rule, namespace: Namespace, subject: str) -> Finding | N
         # user's code: report it, never crash the session.
         return Finding(
             code=rule.code, name=rule.name, title=f"rule {rule.code} could not be evaluated",
-            severity="warning", scope=rule.scope, subject=subject,  # type: ignore[arg-type]
+            severity="warning", scope=rule.scope, subject=subject,
             message=f"{rule.path.name}: {exc}", fix="Fix the rule's condition.", why="",
         )
     if fired is not True:
@@ -157,7 +146,7 @@ def evaluate_rule(rule: Rule, namespace: Namespace, subject: str) -> Finding | N
         name=rule.name,
         title=rule.title,
         severity=rule.severity,  # type: ignore[arg-type]
-        scope=rule.scope,  # type: ignore[arg-type]
+        scope=rule.scope,
         subject=subject,
         message=rule.message.render(lookup, format_value, unit_of),
         fix=rule.fix.render(lookup, format_value, unit_of),
@@ -167,7 +156,3 @@ def evaluate_rule(rule: Rule, namespace: Namespace, subject: str) -> Finding | N
         references=list(rule.references),
     )
 
-
-def worst(findings: Iterable[Finding]) -> str | None:
-    ranked = sorted(findings, key=lambda f: -f.rank)
-    return ranked[0].severity if ranked else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
+from pytest_gputrain import scopes
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
 from pytest_gputrain.findings import SEVERITY_RANK
 
 CODE_RE = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-SCOPES = ("session", "device", "run", "failure", "distributed")
 REQUIRED = ("code", "name", "title", "scope", "severity", "condition", "message", "fix", "why")
 OPTIONAL = ("evidence", "references", "params", "docs")
 DOC_SECTIONS = ("example", "use_instead", "options", "notes")
@@ -48,7 +48,6 @@ class Rule:
     params: dict[str, Any]
     docs: dict[str, str]
     path: Path
-    extra_names: frozenset[str] = field(default=frozenset())
 
     def names(self) -> frozenset[str]:
         return (self.condition.names() | self.message.names() | self.fix.names()
@@ -101,9 +100,11 @@ def load_rule_file(path: Path) -> Rule:
         raise RuleFileError(
             f"{path}: field 'name' must be lower-case words joined by '-', got {values['name']!r}"
         )
-    if values["scope"] not in SCOPES:
+    known_scopes = scopes.names()
+    if values["scope"] not in known_scopes:
         raise RuleFileError(
-            f"{path}: field 'scope' must be one of {', '.join(SCOPES)}, got {values['scope']!r}"
+            f"{path}: field 'scope' must be one of {', '.join(known_scopes)}, "
+            f"got {values['scope']!r}"
         )
     if values["severity"] not in SEVERITY_RANK:
         raise RuleFileError(

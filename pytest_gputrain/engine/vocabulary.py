@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from functools import cache
 
-from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts, device_namespace, session_namespace
+from pytest_gputrain import scopes
+from pytest_gputrain.facts import EnvironmentFacts
+
+
+def scope_names(scope: str) -> frozenset[str]:
+    """The names a scope's namespace gives for an empty record (every fact unknown).
+
+    Raises ``scopes.UnknownScopeError`` for a scope no one registered.
+    """
+    return _names(scopes.get(scope))
 
 
 @cache
-def scope_names(scope: str) -> frozenset[str]:
-    env = EnvironmentFacts()
-    if scope == "session":
-        return frozenset(session_namespace(env))
-    if scope == "device":
-        return frozenset(device_namespace(env, DeviceFacts()))
-    if scope == "distributed":
-        from pytest_gputrain.distributed.facts import distributed_vocabulary
-
-        return distributed_vocabulary()
-    from pytest_gputrain.run_facts import failure_vocabulary, run_vocabulary
-
-    return run_vocabulary() if scope == "run" else failure_vocabulary()
+def _names(scope: scopes.Scope) -> frozenset[str]:
+    return frozenset(scope.namespace(EnvironmentFacts(), scope.model(), {}))

@@ -6,53 +6,84 @@ Import-light: the ladder's modules load only when a test asks for the fixture.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-_RESULTS = pytest.StashKey[dict[str, Any]]()
+if TYPE_CHECKING:
+    from pytest_gputrain.ladder.rungs import LadderResults
+
+PLUGIN_NAME = "gputrain-ladder"
+
+
+class LadderTables:
+    """Every ladder's results of this session, printed as tables at its end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results: dict[str, LadderResults] = {}
+
+    def results_for(self, name: str) -> LadderResults:
+        if name not in self.results:
+            from pytest_gputrain.diagnose import diagnosis
+            from pytest_gputrain.ladder import LadderResults
+
+            result = self.results[name] = LadderResults(name)
+            session = diagnosis(self.config)
+            if session is not None:  # the table goes to the report files (JSON and Markdown)
+                session.add_section(f"ladder: {name}", lambda: _report_section(result))
+        return self.results[name]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.results:
+            return
+        from pytest_gputrain.ladder.table import render
+
+        for name, result in self.results.items():
+            if not (result.rungs or result.headroom):
+                continue
+            terminalreporter.write_sep("=", f"gputrain readiness ladder: {name}")
+            for line in render(result).splitlines():
+                terminalreporter.write_line(line)
+
+
+_TABLES = pytest.StashKey[LadderTables]()
+
+
+# tryfirst: registered before the assertions' plugin object, the tables follow its tally of GPU
+# tests in the terminal summary (hooks of later registered plugins run first).
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    tables = LadderTables(config)
+    config.stash[_TABLES] = tables
+    config.pluginmanager.register(tables, PLUGIN_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    tables = config.stash.get(_TABLES, None)
+    if tables is not None:
+        del config.stash[_TABLES]
+        config.pluginmanager.unregister(tables)
+
+
+def _report_section(result: LadderResults) -> dict[str, Any]:
+    from pytest_gputrain.ladder.table import render
+
+    section = result.as_dict()
+    section["markdown"] = render(result, tablefmt="github")
+    return section
 
 
 @pytest.fixture(scope="session")
 def gpu_ladder(request: pytest.FixtureRequest) -> Callable[[Any], Any]:
     """``gpu_ladder(spec)`` returns the project's :class:`~pytest_gputrain.ladder.Ladder`;
     its rungs' rows are printed as a table at the end of the session and added to the
-    ``--gpu-report`` files (section ``ladder``)."""
-    from pytest_gputrain.ladder import Ladder, LadderResults, LadderSpec
+    ``--gpu-report`` files (section ``ladder: NAME``)."""
+    from pytest_gputrain.ladder import Ladder, LadderSpec
 
-    stash = request.config.stash.setdefault(_RESULTS, {})
+    tables = request.config.stash[_TABLES]
 
     def ladder_for(spec: LadderSpec) -> Ladder:
-        results = stash.setdefault(spec.name, LadderResults(spec.name))
-        return Ladder(spec, results)
+        return Ladder(spec, tables.results_for(spec.name))
 
     return ladder_for
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    results = config.stash.get(_RESULTS, {})
-    if not results:
-        return
-    from pytest_gputrain.ladder.table import render
-
-    for name, result in results.items():
-        if not (result.rungs or result.headroom):
-            continue
-        terminalreporter.write_sep("=", f"gputrain readiness ladder: {name}")
-        for line in render(result).splitlines():
-            terminalreporter.write_line(line)
-
-
-def pytest_gputrain_report_sections(config: pytest.Config) -> dict[str, Any] | None:
-    """The ladder tables for the diagnosis reports (JSON and Markdown)."""
-    results = config.stash.get(_RESULTS, {})
-    if not results:
-        return None
-    from pytest_gputrain.ladder.table import render
-
-    sections: dict[str, Any] = {}
-    for name, result in results.items():
-        section = result.as_dict()
-        section["markdown"] = render(result, tablefmt="github")
-        sections[f"ladder: {name}"] = section
-    return sections

@@ -283,12 +283,6 @@ class ProfilerWindow:
         return facts
 
 
-def dump_kernel_names(events: Iterable[Any]) -> list[str]:
-    """Distinct GPU activity names (for the GPU tests and for tuning the patterns above)."""
-    gpu, _ = convert(events)
-    return sorted({event.name for event in gpu})
-
-
 def _with_trace_bytes(profiler: Any, gpu: list[GpuEvent]) -> list[GpuEvent]:
     """Copy sizes from the Chrome trace (kineto's Python events carry no byte counts)."""
     handle, path = tempfile.mkstemp(prefix="gputrain-window-", suffix=".json")

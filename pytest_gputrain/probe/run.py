@@ -26,7 +26,6 @@ from pytest_gputrain.probe.cuda_readings import (
     memory_stats,
     read_backend_flags,
 )
-from pytest_gputrain.probe.hooks import Installation, is_compiling
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
 from pytest_gputrain.probe.run_record import (
@@ -36,6 +35,7 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
     StepSeries,
 )
+from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
 from pytest_gputrain.run_facts import ForwardRecord, RunFacts
 
 _perf = time.perf_counter

@@ -21,6 +21,7 @@ import pytest
 
 from pytest_gputrain.regression import settings as regression_settings
 from pytest_gputrain.regression.settings import RegressionSettings
+from pytest_gputrain.xdist import is_xdist_worker as _is_worker
 
 if TYPE_CHECKING:
     from pytest_gputrain.regression.benchmark import GpuBenchmark
@@ -36,10 +37,6 @@ benchmark_key = pytest.StashKey["GpuBenchmark"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     regression_settings.add_options(parser)
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -30,3 +30,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
             config.pluginmanager.hasplugin(name) for name in PLUGIN_NAMES):
         return True
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The pytest-gputrain repository's configuration registers `slow` (and leaves such tests
+    # out of its default run); run from this folder, the project registers it itself.
+    if not any(line.split(":")[0].strip() == "slow" for line in config.getini("markers")):
+        config.addinivalue_line("markers", "slow: trains for minutes on a CPU")

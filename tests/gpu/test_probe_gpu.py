@@ -127,7 +127,7 @@ def test_probe_records_kernels_copies_syncs_and_memory(tmp_path: Path) -> None:
     facts, output, code = _diagnose(tmp_path, LOOP + """
 import threading
 
-from pytest_gputrain.probe.hooks import global_hook_counts
+from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
 
 def test_bf16_loop():

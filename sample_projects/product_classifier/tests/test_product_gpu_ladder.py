@@ -49,6 +49,7 @@ def test_same_batch_on_cuda_uses_gpu_memory(ladder: Any) -> None:
 # --- rung 4: a short run (CPU for comparison, then 200 steps at batch 32 on the GPU) ------------
 
 
+@pytest.mark.slow  # about 80 s of CPU training: the table's CPU row, the GPU rows' baseline
 def test_short_run_on_cpu(ladder: Any) -> None:
     # Only the step time matters here (the CPU row of the table); 15 steps teach nothing.
     record = ladder.short_run("cpu", batch_size=32, steps=15, warmup=3, evaluate=False)

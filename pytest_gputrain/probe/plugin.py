@@ -1,37 +1,55 @@
-"""``ProbePlugin``: runs a ``RunProbe`` around each test call and diagnoses GPU failures.
+"""The probe feature: its options, and ``ProbePlugin``, which runs a ``RunProbe`` around each test
+call and diagnoses GPU failures.
 
-Registered by plugin.py only under ``--gpu-diagnose``: in the single process, next to the
-``DiagnoseSession``; on each pytest-xdist worker alone (workers send their run and failure facts
-to the controller through ``config.workeroutput``; the controller's session evaluates them).
+``ProbePlugin`` is registered only under ``--gpu-diagnose`` (in every process that runs tests:
+the single process, or each pytest-xdist worker). Per test it records a ``RunFacts`` (when the
+test trained, ran a module, loaded data or used CUDA) and, when the test failed on a GPU error, a
+``FailureFacts``; it hands both to the diagnosis (``add_record``), which judges them with the
+session's findings and replays them from the facts file, and appends the findings of both to the
+test's report as a "gputrain diagnosis" section.
 
-Per test it records a ``RunFacts`` (when the test trained, ran a module, loaded data or used
-CUDA) and, when the test failed on a GPU error, a ``FailureFacts``; the findings of both are
-appended to the test's report as a "gputrain diagnosis" section.
+Import-light: importing this module imports neither torch nor pydantic (pytest imports it at
+start-up for the options); the probe's modules load when the diagnosis is on.
 """
 
 from __future__ import annotations
 
 import sys
 import textwrap
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain.facts import EnvironmentFacts
-from pytest_gputrain.findings import Finding, sort_findings
-from pytest_gputrain.probe.failures import STICKY, build_failure, classify, snapshot
-from pytest_gputrain.probe.run import RunProbe
-from pytest_gputrain.run_facts import FailureFacts, RunFacts
+from pytest_gputrain import options, scopes
+
+if TYPE_CHECKING:
+    from pytest_gputrain.diagnose import Diagnosis
+    from pytest_gputrain.findings import Finding
+    from pytest_gputrain.probe.run import RunProbe
+    from pytest_gputrain.run_facts import FailureFacts, RunFacts
 
 SECTION = "gputrain diagnosis"
-PROBE_KEY = pytest.StashKey[RunProbe]()
-STATE_KEY = pytest.StashKey[dict[str, Any]]()
-WORKER_RUNS = "gputrain_runs"
-WORKER_FAILURES = "gputrain_failures"
-WORKER_ENVIRONMENT = "gputrain_environment"
+PLUGIN_NAME = "gputrain-probe"
 DEFAULT_PROFILE_STEPS = "3-6"
+
+# The probe's rule scopes, run and failure, registered by run_facts.py when rules load.
+scopes.declare("pytest_gputrain.run_facts")
+
+OPTIONS: tuple[options.Option, ...] = (
+    options.Option(
+        "--gpu-probe", "gpu_probe", "with --gpu-diagnose: probe each test's training run and "
+        "diagnose GPU failures: on (default) or off", default="on", metavar="on|off"),
+    options.Option(
+        "--gpu-profile-steps", "gpu_profile_steps", "with --gpu-diagnose: the optimizer steps "
+        "of each test that torch.profiler records, e.g. 3-6 (default) or off",
+        default=DEFAULT_PROFILE_STEPS, metavar="FIRST-LAST"),
+)
+
+PLUGIN_KEY = pytest.StashKey["ProbePlugin"]()
+PROBE_KEY = pytest.StashKey["RunProbe"]()
+STATE_KEY = pytest.StashKey[dict[str, Any]]()
 
 
 @dataclass(frozen=True)
@@ -58,16 +76,56 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def read_probe_settings(config: pytest.Config) -> ProbeSettings:
-    from pytest_gputrain.options import read
-
-    probe = str(read(config, "gpu_probe") or "on").strip().lower()
+    probe = str(options.read(config, "gpu_probe") or "on").strip().lower()
     if probe not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
         raise pytest.UsageError(f"gpu_probe / --gpu-probe: {probe!r} must be on or off")
     try:
-        steps = parse_profile_steps(read(config, "gpu_profile_steps"))
+        steps = parse_profile_steps(options.read(config, "gpu_profile_steps"))
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_profile_steps / --gpu-profile-steps: {exc}") from None
     return ProbeSettings(enabled=probe in ("on", "true", "1", "yes"), profile_steps=steps)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser, OPTIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from pytest_gputrain.diagnose import diagnosis
+
+    session = diagnosis(config)
+    if session is None:
+        return
+    plugin = ProbePlugin(config, session, read_probe_settings(config))
+    config.stash[PLUGIN_KEY] = plugin
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    session.add_section("runs", lambda: _runs_section(session),
+                        terminal=lambda width: _runs_lines(session, width))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.stash.get(PLUGIN_KEY, None)
+    if plugin is not None:
+        del config.stash[PLUGIN_KEY]
+        config.pluginmanager.unregister(plugin)
+
+
+def _runs_section(session: Diagnosis) -> list[dict[str, Any]] | None:
+    runs = session.records("run")
+    if not runs:
+        return None
+    from pytest_gputrain.probe.summary import runs_section
+
+    return runs_section(runs)
+
+
+def _runs_lines(session: Diagnosis, width: int) -> list[str]:
+    runs = session.records("run")
+    if not runs:
+        return []
+    from pytest_gputrain.probe.summary import runs_lines
+
+    return runs_lines(runs, width=width)
 
 
 def section_text(findings: list[Finding], width: int = 100) -> str:
@@ -86,37 +144,12 @@ def section_text(findings: list[Finding], width: int = 100) -> str:
 class ProbePlugin:
     """The per-test probe and failure diagnosis (a pytest plugin object)."""
 
-    def __init__(self, config: pytest.Config, engine: Any,
-                 environment: Callable[[], EnvironmentFacts],
-                 runs: list[dict[str, Any]] | None = None,
-                 failures: list[dict[str, Any]] | None = None,
+    def __init__(self, config: pytest.Config, session: Diagnosis,
                  settings: ProbeSettings | None = None) -> None:
         self.config = config
-        self.engine = engine
-        self._environment = environment
-        self.runs: list[dict[str, Any]] = runs if runs is not None else []
-        self.failures: list[dict[str, Any]] = failures if failures is not None else []
+        self.session = session
         self.settings = settings or read_probe_settings(config)
         self.internal_errors: list[str] = []
-
-    @classmethod
-    def for_worker(cls, config: pytest.Config, engine: Any,
-                   settings: ProbeSettings | None = None) -> ProbePlugin:
-        """On an xdist worker: the controller's environment facts, facts sent back at the end."""
-        cached: list[EnvironmentFacts] = []
-
-        def environment() -> EnvironmentFacts:
-            if not cached:
-                text = getattr(config, "workerinput", {}).get(WORKER_ENVIRONMENT)
-                if text:
-                    cached.append(EnvironmentFacts.model_validate_json(text))
-                else:
-                    from pytest_gputrain.collect import collect_environment
-
-                    cached.append(collect_environment())
-            return cached[0]
-
-        return cls(config, engine, environment, settings=settings)
 
     # -- the probe around the call --------------------------------------------------------------
 
@@ -124,6 +157,8 @@ class ProbePlugin:
         torch = sys.modules.get("torch")
         if not self.settings.enabled or torch is None or not hasattr(torch, "optim"):
             return None  # a test session that never imported torch pays nothing
+        from pytest_gputrain.probe.run import RunProbe
+
         probe = RunProbe(torch, item.nodeid, profile_steps=self.settings.profile_steps,
                          reset_peak=item.get_closest_marker("max_vram") is None)
         probe.start()
@@ -140,6 +175,8 @@ class ProbePlugin:
         if probe is None:
             return
         try:
+            from pytest_gputrain.probe.failures import STICKY, classify, snapshot
+
             state: dict[str, Any] = {}
             cuda_ok = True
             excinfo = outcome.excinfo
@@ -169,6 +206,8 @@ class ProbePlugin:
         run: RunFacts | None = None
         failure: FailureFacts | None = None
         if call.excinfo is not None and report.failed:
+            from pytest_gputrain.probe.failures import build_failure, classify, snapshot
+
             exc, tb = call.excinfo.value, call.excinfo.tb
             torch = sys.modules.get("torch")
             if call.when == "call":
@@ -180,29 +219,21 @@ class ProbePlugin:
             run = probe.facts()
         if run is None and failure is None:
             return
+        # Judged as recorded: the findings here are those a replay of the facts file gives.
         findings: list[Finding] = []
-        env = self._environment()
+        env = self.session.environment
+        engine = self.session.engine
         if run is not None:
-            data = run.model_dump(mode="json")
-            self.runs.append(data)
-            run = RunFacts.model_validate(data)
-            findings.extend(self.engine.evaluate_run(env, run))
+            run = self.session.add_record("run", run)
+            findings.extend(engine.evaluate_record("run", env, run))
         if failure is not None:
-            data = failure.model_dump(mode="json")
-            self.failures.append(data)
-            failure = FailureFacts.model_validate(data)
-            findings.extend(self.engine.evaluate_failure(env, failure, run))
+            failure = self.session.add_record("failure", failure)
+            related = {"run": [run] if run is not None else []}
+            findings.extend(engine.evaluate_record("failure", env, failure, related))
         if findings:
+            from pytest_gputrain.findings import sort_findings
+
             report.sections.append((SECTION, section_text(sort_findings(findings))))
-
-    # -- xdist: send the facts to the controller ------------------------------------------------
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        output = getattr(self.config, "workeroutput", None)
-        if output is not None:
-            output[WORKER_RUNS] = self.runs
-            output[WORKER_FAILURES] = self.failures
 
 
 def _type_name(exc: BaseException) -> str:

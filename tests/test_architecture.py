@@ -1,0 +1,212 @@
+"""The import graph keeps the layers of docs/architecture.md: imports point down only.
+
+Every import in the package is read with ``ast`` (module level, inside functions, and under
+``TYPE_CHECKING``), so an upward import fails here however it is written. A new module must be
+given its layer in ``LAYERS`` below.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
+
+# Bottom to top; a module may import its own layer and the layers below it. Keys are the names
+# under pytest_gputrain ("" is the package itself).
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("vocabulary", frozenset({"", "units", "scopes", "facts", "findings", "options", "xdist",
+                              "hookspecs"})),
+    ("collect", frozenset({"collect"})),
+    ("engine", frozenset({"engine"})),
+    ("diagnosis", frozenset({"diagnose", "report"})),
+    ("features", frozenset({"assertions", "probe", "run_facts", "regression", "ladder",
+                            "distributed"})),
+    ("entry", frozenset({"plugin", "cli", "__main__"})),
+)
+# Each feature stands on the core alone: it imports no other feature.
+FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe",
+              "regression": "regression", "ladder": "ladder", "distributed": "distributed"}
+# Cycles that exist today and are being removed elsewhere; any other cycle fails.
+KNOWN_CYCLES = {
+    # distributed/report.py reads the launcher's private members, which call back into it; the
+    # launcher's public launch record removes this (issue 13, the launcher part).
+    frozenset({"pytest_gputrain.distributed.launcher", "pytest_gputrain.distributed.report"}),
+}
+
+
+def module_names(package: Path = PACKAGE) -> dict[str, Path]:
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+MODULES = module_names()
+
+
+def imports(source: str, modules: dict[str, Path] = MODULES, type_checking: bool = True
+            ) -> Iterator[tuple[str, int]]:
+    """(imported module of the package, line) for every import in ``source``.
+
+    ``type_checking=False`` leaves out imports under ``if TYPE_CHECKING:`` (they never run).
+    """
+
+    def walk(node: ast.AST, guarded: bool) -> Iterator[tuple[str, int, bool]]:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"):
+            for child in node.body:
+                yield from walk(child, True)
+            for child in node.orelse:
+                yield from walk(child, guarded)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, guarded
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                yield (submodule if submodule in modules else node.module), node.lineno, guarded
+        for child in ast.iter_child_nodes(node):
+            yield from walk(child, guarded)
+
+    for name, line, guarded in walk(ast.parse(source), False):
+        if name.split(".")[0] == "pytest_gputrain" and (type_checking or not guarded):
+            yield name, line
+
+
+def layer_of(module: str) -> int:
+    key = module.split(".")[1] if "." in module else ""
+    for index, (_, names) in enumerate(LAYERS):
+        if key in names:
+            return index
+    raise LookupError(f"{module} has no layer: add it to LAYERS in {__file__}")
+
+
+def feature_of(module: str) -> str | None:
+    return FEATURE_OF.get(module.split(".")[1]) if "." in module else None
+
+
+def upward_imports(module: str, source: str) -> list[str]:
+    """The imports of ``module`` that break the layering, as readable lines."""
+    problems = []
+    mine, own_feature = layer_of(module), feature_of(module)
+    for target, line in imports(source):
+        theirs, their_feature = layer_of(target), feature_of(target)
+        if theirs > mine:
+            problems.append(f"{module}:{line} imports {target} "
+                            f"({LAYERS[mine][0]} -> {LAYERS[theirs][0]})")
+        elif own_feature and their_feature and own_feature != their_feature:
+            problems.append(f"{module}:{line} imports {target} "
+                            f"(feature {own_feature} -> feature {their_feature})")
+    return problems
+
+
+def import_graph(type_checking: bool) -> dict[str, set[str]]:
+    return {module: {target for target, _ in imports(path.read_text(encoding="utf-8"),
+                                                      type_checking=type_checking)}
+            for module, path in MODULES.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_imports_point_down_only() -> None:
+    problems = [problem for module, path in MODULES.items()
+                for problem in upward_imports(module, path.read_text(encoding="utf-8"))]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_engine_imports_no_feature() -> None:
+    engine = [module for module in MODULES if module.startswith("pytest_gputrain.engine")]
+    assert engine
+    for module in engine:
+        for target, line in imports(MODULES[module].read_text(encoding="utf-8")):
+            assert feature_of(target) is None, f"{module}:{line} imports {target}"
+
+
+@pytest.mark.parametrize("base", ["collect", "facts"])
+def test_collect_and_facts_import_nothing_above_them(base: str) -> None:
+    mine = layer_of(f"pytest_gputrain.{base}")
+    modules = [m for m in MODULES if m.split(".")[1:2] == [base]]
+    assert modules
+    for module in modules:
+        for target, line in imports(MODULES[module].read_text(encoding="utf-8")):
+            assert layer_of(target) <= mine, f"{module}:{line} imports {target}"
+
+
+def test_no_import_cycles() -> None:
+    # Imports that run (lazy ones inside functions included); TYPE_CHECKING imports never do.
+    found = set(cycles(import_graph(type_checking=False))) - KNOWN_CYCLES
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
+
+
+# -- the checks themselves catch what they are for ----------------------------------------------
+
+
+def test_an_upward_import_inside_a_function_is_caught() -> None:
+    source = "def evaluate():\n    from pytest_gputrain.distributed.report import build_facts\n"
+    assert upward_imports("pytest_gputrain.engine.evaluate", source) == [
+        "pytest_gputrain.engine.evaluate:2 imports pytest_gputrain.distributed.report "
+        "(engine -> features)"]
+
+
+def test_a_type_checking_import_of_another_feature_is_caught() -> None:
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+              "    from pytest_gputrain.probe.plugin import ProbePlugin\n")
+    assert upward_imports("pytest_gputrain.ladder.plugin", source) == [
+        "pytest_gputrain.ladder.plugin:3 imports pytest_gputrain.probe.plugin "
+        "(feature ladder -> feature probe)"]
+
+
+def test_a_module_without_a_layer_is_named() -> None:
+    with pytest.raises(LookupError, match=r"pytest_gputrain\.newthing has no layer"):
+        layer_of("pytest_gputrain.newthing")
+
+
+def test_cycles_are_found() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [frozenset({"a", "b", "c"})]
