@@ -60,7 +60,8 @@ except ImportError:  # run from a checkout without installing
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.output import format_seconds
 from pytest_gputrain.regression.stats import pooled_spread, t_ppf, t_sf
-from pytest_gputrain.regression.store import describe, open_store
+from pytest_gputrain.regression.store import describe
+from pytest_gputrain.regression.store_backends import open_store
 
 STEPS = ("launch", "gpu")
 DESCRIPTIONS = {

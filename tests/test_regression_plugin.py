@@ -20,7 +20,7 @@ import pytest_gputrain.regression.history
 import pytest_gputrain.regression.output
 import pytest_gputrain.regression.store_postgres
 import pytest_gputrain.regression.store_sqlite  # noqa: F401
-from pytest_gputrain.regression.store import open_store
+from pytest_gputrain.regression.store_backends import open_store
 
 # A conftest for the inner runs: a fake clock the step advances, so timings are exact and
 # reproducible (STEP_FACTOR scales the step, STEP_SEED varies the noise of a session: each

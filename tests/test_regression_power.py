@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gputrain.regression.store import open_store
+from pytest_gputrain.regression.store_backends import open_store
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

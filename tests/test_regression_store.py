@@ -18,9 +18,8 @@ from pytest_gputrain.regression.store import (
     ResultRecord,
     StoreError,
     describe,
-    inspect,
-    open_store,
 )
+from pytest_gputrain.regression.store_backends import inspect, open_store
 from pytest_gputrain.regression.store_sqlite import APPLICATION_ID
 
 FINGERPRINT = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "driver_version": "580.159.04",

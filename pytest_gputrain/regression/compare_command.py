@@ -31,7 +31,8 @@ from pytest_gputrain.regression.settings import (
     parse_alpha,
     parse_thresholds,
 )
-from pytest_gputrain.regression.store import RunInfo, Store, StoreError, open_store
+from pytest_gputrain.regression.store import RunInfo, Store, StoreError
+from pytest_gputrain.regression.store_backends import open_store
 
 
 class CompareError(Exception):

@@ -25,14 +25,8 @@ from pytest_gputrain.regression.compare import (
 )
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
-from pytest_gputrain.regression.store import (
-    RunInfo,
-    Store,
-    StoreError,
-    describe,
-    inspect,
-    open_store,
-)
+from pytest_gputrain.regression.store import RunInfo, Store, StoreError, describe
+from pytest_gputrain.regression.store_backends import inspect, open_store
 
 
 def check_store(settings: RegressionSettings) -> None:

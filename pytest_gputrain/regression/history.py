@@ -26,8 +26,8 @@ from pytest_gputrain.regression.store import (
     RunInfo,
     StoreError,
     is_url,
-    open_store,
 )
+from pytest_gputrain.regression.store_backends import open_store
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
 

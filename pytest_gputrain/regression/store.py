@@ -21,7 +21,8 @@ untouched; only a missing or empty one is initialised. Every write is one transa
 and all its results together), retried while another writer holds a lock, so concurrent writers
 from several runners lose nothing and a reader never sees half a run.
 
-Import is light: sqlite3 and psycopg are imported by the backend that needs them.
+Import is light: sqlite3 and psycopg are imported by the backend that needs them, and
+``store_backends`` picks the backend for a location (``open_store``, ``inspect``).
 """
 
 from __future__ import annotations
@@ -346,26 +347,3 @@ def _result(row: Sequence[Any]) -> ResultRecord:
                         fingerprint_hash=str(row[2]), rounds=int(row[3]),
                         metrics=json.loads(row[4]), summary=json.loads(row[5]),
                         created_at=str(row[6]), run_id=int(row[7]))
-
-
-def inspect(location: Location) -> str:
-    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
-    Reads only."""
-    if is_url(location):
-        from pytest_gputrain.regression import store_postgres
-
-        return store_postgres.inspect(str(location))
-    from pytest_gputrain.regression import store_sqlite
-
-    return store_sqlite.inspect(Path(location))
-
-
-def open_store(location: Location, *, create: bool = True) -> Store:
-    """Open a store, creating and initialising it when missing or empty (and ``create``)."""
-    if is_url(location):
-        from pytest_gputrain.regression import store_postgres
-
-        return store_postgres.PostgresStore.open(str(location), create=create)
-    from pytest_gputrain.regression import store_sqlite
-
-    return store_sqlite.SqliteStore.open(Path(location), create=create)

@@ -1,0 +1,34 @@
+"""Which backend serves a store location: a ``postgresql://`` URL or a SQLite file.
+
+Kept apart from ``store`` (the interface both backends implement), so that the backends import
+the interface and nothing imports back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_gputrain.regression.store import Location, Store, is_url
+
+
+def inspect(location: Location) -> str:
+    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
+    Reads only."""
+    if is_url(location):
+        from pytest_gputrain.regression import store_postgres
+
+        return store_postgres.inspect(str(location))
+    from pytest_gputrain.regression import store_sqlite
+
+    return store_sqlite.inspect(Path(location))
+
+
+def open_store(location: Location, *, create: bool = True) -> Store:
+    """Open a store, creating and initialising it when missing or empty (and ``create``)."""
+    if is_url(location):
+        from pytest_gputrain.regression import store_postgres
+
+        return store_postgres.PostgresStore.open(str(location), create=create)
+    from pytest_gputrain.regression import store_sqlite
+
+    return store_sqlite.SqliteStore.open(Path(location), create=create)
