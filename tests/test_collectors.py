@@ -9,7 +9,6 @@ from pytest_gputrain.collect.environment_variables import read_environment
 from pytest_gputrain.collect.host import read_host
 from pytest_gputrain.collect.toolkit import read_toolkit
 
-
 SECRETS = {"NCCL_IB_Password": "pw-1", "NCCL_API_KEY": "key-2", "NCCL_APIKEY": "key-3",
            "NCCL_AUTH": "auth-4", "NCCL_CREDENTIALS": "cred-5",
            "NCCL_PRIVATE_KEY_FILE": "/secrets/key-6.pem", "NCCL_COMM_ID_PASSWORD": "hunter2",
