@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_gputrain import options
+from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
 from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
+    from pytest_gputrain.engine.config import RuleConfig
     from pytest_gputrain.engine.evaluate import RuleEngine
 
 # The features: each module declares its options, hooks and rule scopes, and keeps its own
@@ -29,6 +31,9 @@ FEATURES = (
     "pytest_gputrain.distributed.plugin",
 )
 pytest_plugins = FEATURES
+# The features' options that tune the diagnosis: on the command line they turn it on, as the
+# diagnosis's own do.
+DIAGNOSIS_FEATURE_OPTIONS = PROBE_OPTIONS
 
 
 def load_features() -> None:
@@ -50,7 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    settings = options.read_settings(config)
+    # Every value is checked whether or not the diagnosis runs: a typo is an error in any mode.
+    settings = options.read_settings(config, options.OPTIONS + DIAGNOSIS_FEATURE_OPTIONS)
+    rule_config = read_rule_config(config)
     if not settings.diagnose:
         return
     from pytest_gputrain.diagnose import (
@@ -61,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
         WorkerDiagnosis,
     )
 
-    engine = load_engine(config)
+    engine = load_engine(rule_config)
     # Workers run the tests: their features record, and the records go to the controller,
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
@@ -79,15 +86,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.pluginmanager.unregister(session)
 
 
-def load_engine(config: pytest.Config) -> RuleEngine:
-    """The rule engine with the project's settings; bad rule files or settings are usage errors."""
+def read_rule_config(config: pytest.Config) -> RuleConfig:
+    """The project's rule settings, checked for form (cheap: no rule is loaded); whether the
+    codes they name exist is checked when the rules load."""
     from pytest_gputrain.engine.config import SettingError, build_config
-    from pytest_gputrain.engine.evaluate import RuleEngine
-    from pytest_gputrain.engine.rules import RuleFileError
 
     read = options.read
     try:
-        rule_config = build_config(
+        return build_config(
             select=read(config, "gpu_select"),
             ignore=read(config, "gpu_ignore"),
             severity=read(config, "gpu_severity"),
@@ -95,6 +101,17 @@ def load_engine(config: pytest.Config) -> RuleEngine:
             rules_dirs=read(config, "gpu_rules_dirs"),
             base_dir=Path(config.rootpath),
         )
+    except SettingError as exc:
+        raise pytest.UsageError(f"gputrain: {exc}") from None
+
+
+def load_engine(rule_config: RuleConfig) -> RuleEngine:
+    """The rule engine with the project's settings; bad rule files or settings are usage errors."""
+    from pytest_gputrain.engine.config import SettingError
+    from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.engine.rules import RuleFileError
+
+    try:
         return RuleEngine.load(rule_config)
     except (RuleFileError, SettingError) as exc:
         raise pytest.UsageError(f"gputrain: {exc}") from None

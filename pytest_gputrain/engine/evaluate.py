@@ -121,18 +121,28 @@ def _unit_of(namespace: Namespace) -> Any:
     return unit_of
 
 
+def _broken(rule: Rule, subject: str, message: str) -> Finding:
+    # A rule that cannot be evaluated on these facts is a defect of the rule, not of the
+    # user's code: report it, never crash the session.
+    return Finding(
+        code=rule.code, name=rule.name, title=f"rule {rule.code} could not be evaluated",
+        severity="warning", scope=rule.scope, subject=subject, message=message,
+        fix="Fix the rule's condition.", why="",
+    )
+
+
 def evaluate_rule(rule: Rule, namespace: Namespace, subject: str) -> Finding | None:
     lookup = _lookup(rule, namespace)
     try:
         fired = rule.condition.evaluate(lookup)
     except EvaluationError as exc:
-        # A rule that cannot be evaluated on these facts is a defect of the rule, not of the
-        # user's code: report it, never crash the session.
-        return Finding(
-            code=rule.code, name=rule.name, title=f"rule {rule.code} could not be evaluated",
-            severity="warning", scope=rule.scope, subject=subject,
-            message=f"{rule.path.name}: {exc}", fix="Fix the rule's condition.", why="",
-        )
+        return _broken(rule, subject, f"{rule.path.name}: {exc}")
+    if fired is not True and fired is not False and fired is not UNKNOWN:
+        # A condition over a fact that is not a boolean (``device.memory_used``): caught here,
+        # since no rule file says what a fact holds.
+        return _broken(rule, subject, f"{rule.path.name}: the condition gave "
+                       f"{format_value(fired, None)} ({type(fired).__name__}), not true or "
+                       "false; compare it (e.g. `... > 0`)")
     if fired is not True:
         return None  # false, or unknown: a rule fires only on facts that prove it
     unit_of = _unit_of(namespace)
