@@ -182,6 +182,7 @@ class DiagnoseSession(Diagnosis):
     def _summary(self, terminalreporter: Any) -> None:
         from pytest_gputrain.report.model import fails
         from pytest_gputrain.report.terminal import findings_lines
+        from pytest_gputrain.units import printable
 
         terminalreporter.write_sep("=", "gputrain diagnosis")
         findings = self._findings
@@ -198,7 +199,7 @@ class DiagnoseSession(Diagnosis):
             for lines in self.terminal_lines(width):
                 terminalreporter.write_line("")
                 for line in lines:
-                    terminalreporter.write_line(line)
+                    terminalreporter.write_line(printable(line))
         for output in self.outputs:
             if output.error is None:
                 terminalreporter.write_line(f"gputrain: {output.what} written to {output.path}")

@@ -137,8 +137,10 @@ class MemoryFacts(FactGroup):
     allocated_per_step: list[int] = Field(
         default_factory=list, description="allocated after each step (thinned past 4096 steps)")
     growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
-    growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
-    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted")
+    growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step",
+                                         signed=True)
+    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted",
+                                    signed=True)
     growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
     batch_size: int | None = fact(doc="batch size of the run (loader or first input dimension)")
@@ -342,7 +344,7 @@ def failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
 def _failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
                        related: scopes.Related) -> Namespace:
     # The failed test's run, when the probe recorded one (the last, should a test run twice).
-    runs = [run for run in related.get("run", ()) if run.nodeid == failure.nodeid]
+    runs = scopes.related_where(related, "run", "nodeid", failure.nodeid)
     return failure_namespace(env, failure, runs[-1] if runs else None)
 
 

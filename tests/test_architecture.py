@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("diagnosis", frozenset({"diagnose", "report"})),
     ("features", frozenset({"assertions", "probe", "run_facts", "regression", "ladder",
                             "distributed"})),
-    ("entry", frozenset({"plugin", "cli", "__main__"})),
+    ("entry", frozenset({"plugin", "cli", "__main__", "project_settings"})),
 )
 # Each feature stands on the core alone: it imports no other feature.
 FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe",
