@@ -63,6 +63,18 @@ INI_TURNS_ON = ("gpu_report", "gpu_facts_out")
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
+# The session's diagnosis (a ``diagnose.Diagnosis``), stored by the entry point when the
+# diagnosis runs. Kept here so that a feature can tell the diagnosis is off without importing it:
+# pytest imports every module it loads at start-up anew each run (the plugin's own modules are
+# rewritten for assertions), so what a plain run does not import, it does not pay for.
+DIAGNOSIS_KEY = pytest.StashKey[Any]()
+
+
+def diagnosing(config: pytest.Config) -> bool:
+    """Whether this session runs the diagnosis (``diagnose.diagnosis(config)`` is not None)."""
+    return DIAGNOSIS_KEY in config.stash
+
+
 GROUP = "gputrain"
 GROUP_DESCRIPTION = "GPU training diagnosis and assertions (pytest-gputrain)"
 

@@ -61,7 +61,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not settings.diagnose:
         return
     from pytest_gputrain.diagnose import (
-        DIAGNOSIS_KEY,
         PLUGIN_NAME,
         DiagnoseSession,
         Diagnosis,
@@ -73,25 +72,28 @@ def pytest_configure(config: pytest.Config) -> None:
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
                           else DiagnoseSession(config, settings, engine))
-    config.stash[DIAGNOSIS_KEY] = session
+    config.stash[options.DIAGNOSIS_KEY] = session
     config.pluginmanager.register(session, PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_gputrain.diagnose import DIAGNOSIS_KEY
-
-    session = config.stash.get(DIAGNOSIS_KEY, None)
+    session = config.stash.get(options.DIAGNOSIS_KEY, None)
     if session is not None:
-        del config.stash[DIAGNOSIS_KEY]
+        del config.stash[options.DIAGNOSIS_KEY]
         config.pluginmanager.unregister(session)
 
 
-def read_rule_config(config: pytest.Config) -> RuleConfig:
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
+
+
+def read_rule_config(config: pytest.Config) -> RuleConfig | None:
     """The project's rule settings, checked for form (cheap: no rule is loaded); whether the
-    codes they name exist is checked when the rules load."""
+    codes they name exist is checked when the rules load. None when none is set."""
+    read = options.read
+    if not any(read(config, name) for name in RULE_SETTINGS):
+        return None
     from pytest_gputrain.engine.config import SettingError, build_config
 
-    read = options.read
     try:
         return build_config(
             select=read(config, "gpu_select"),
@@ -105,7 +107,7 @@ def read_rule_config(config: pytest.Config) -> RuleConfig:
         raise pytest.UsageError(f"gputrain: {exc}") from None
 
 
-def load_engine(rule_config: RuleConfig) -> RuleEngine:
+def load_engine(rule_config: RuleConfig | None) -> RuleEngine:
     """The rule engine with the project's settings; bad rule files or settings are usage errors."""
     from pytest_gputrain.engine.config import SettingError
     from pytest_gputrain.engine.evaluate import RuleEngine

@@ -36,7 +36,7 @@ from pytest_gputrain.units import shown
 from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
-    from collections.abc import Generator
+    from collections.abc import Generator, Mapping
 
     from pytest_gputrain.assertions.backend import GpuBackend
     from pytest_gputrain.assertions.measure import TestRun
@@ -97,8 +97,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def read_settings(config: pytest.Config) -> AssertionSettings:
     """The assertion options, validated; a bad value is a usage error that names it."""
-    from pytest_gputrain.assertions.xdist import parse_per_worker
-
     read = options.read
     default_text = read(config, "gpu_max_vram")
     default = None
@@ -118,9 +116,17 @@ def read_settings(config: pytest.Config) -> AssertionSettings:
         required=bool(read(config, "gpu_required")),
         default_max_vram=default,
         history_entries=int(history_text),
-        per_worker=parse_per_worker(read(config, "gpu_per_worker")),
+        per_worker=_per_worker(read(config, "gpu_per_worker")),
         share=bool(read(config, "gpu_share")),
     )
+
+
+def _per_worker(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None  # the usual case: the pinning's module is not even imported
+    from pytest_gputrain.assertions.xdist import parse_per_worker
+
+    return parse_per_worker(value)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -214,8 +220,23 @@ class GpuAssertions:
         errors: list[tuple[pytest.Item, str]] = []
         default = self.settings.default_max_vram
         names, fixtures = markers.GPU_MARKERS, markers.GPU_FIXTURES
+        inherited: dict[int, list[tuple[str, tuple[Any, ...], Mapping[str, Any]]]] = {}
+
+        def gpu_marks(node: Any) -> list[tuple[str, tuple[Any, ...], Mapping[str, Any]]]:
+            # The GPU markers of a node and its parents, closest first (as iter_markers gives
+            # them), worked out once per module or class rather than once per test: this loop
+            # runs over every collected test of every suite.
+            key = id(node)
+            if key not in inherited:
+                parent = node.parent
+                inherited[key] = [(m.name, m.args, m.kwargs) for m in node.own_markers
+                                  if m.name in names] + (gpu_marks(parent) if parent else [])
+            return inherited[key]
+
         for item in items:
-            marks = [(m.name, m.args, m.kwargs) for m in item.iter_markers() if m.name in names]
+            own = [(m.name, m.args, m.kwargs) for m in item.own_markers if m.name in names]
+            parent = item.parent
+            marks = own + gpu_marks(parent) if parent is not None else own
             fixturenames = getattr(item, "fixturenames", ())
             if not marks and not any(name in fixturenames for name in fixtures):
                 continue

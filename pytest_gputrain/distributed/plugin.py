@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import scopes
+from pytest_gputrain import options, scopes
 
 if TYPE_CHECKING:
     from pytest_gputrain.diagnose import Diagnosis
@@ -48,6 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
         " run the test function on world_size ranks, one process each (NCCL on GPUs, gloo on "
         "CPU); fixture values are pickled to the ranks; the test fails if any rank fails or "
         "the ranks hang past timeout seconds")
+    if not options.diagnosing(config):
+        return
     from pytest_gputrain.diagnose import diagnosis
 
     session = diagnosis(config)

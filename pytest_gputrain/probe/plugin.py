@@ -91,9 +91,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    settings = read_probe_settings(config)  # a bad value is an error with or without diagnosis
+    if not options.diagnosing(config):
+        return
     from pytest_gputrain.diagnose import diagnosis
 
-    settings = read_probe_settings(config)  # a bad value is an error with or without diagnosis
     session = diagnosis(config)
     if session is None:
         return
