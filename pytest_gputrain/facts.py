@@ -131,6 +131,10 @@ class DeviceSample(BaseModel):
     clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask")
     process_memory: int | None = fact(
         "bytes", "GPU memory held by the processes a sampler was asked to follow (else unknown)")
+    other_process_memory: int | None = fact(
+        "bytes", "GPU memory held by processes outside the session a sampler was given (else "
+                 "unknown; also unknown when NVML lists this process under another PID)")
+    other_process_count: int | None = fact(doc="processes outside that session on the GPU")
 
 
 class TorchFacts(FactGroup):
