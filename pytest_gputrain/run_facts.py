@@ -283,6 +283,8 @@ class RunFacts(FactGroup):
     new_shape_steps: int | None = fact(
         doc="steady steps in which that module first saw an input shape (after step 1)")
     new_shape_step_time: float | None = fact("s", "median wall time of those steps")
+    seen_shape_step_time: float | None = fact(
+        "s", "median wall time of the other steady steps (inputs of a shape seen before)")
     new_shape_time_percent: float | None = fact(
         "%", "share of the steady training time spent in those steps")
     cudnn_benchmark: bool | None = fact(

@@ -142,6 +142,10 @@ def _new_shapes(run: RunFacts, main: ModuleState, record: RunRecord, steady: lis
     new = [i for i in main.new_shape_steps if i in counted]
     run.new_shape_steps = len(new)
     total = sum(times[i] for i in steady)
+    fresh = set(new)
+    seen = [times[i] for i in steady if i not in fresh]
+    if seen:
+        run.seen_shape_step_time = round(statistics.median(seen), 6)
     if new:
         run.new_shape_step_time = round(statistics.median(times[i] for i in new), 6)
         if total > 0:
