@@ -360,3 +360,20 @@ def test_other_processes_are_unknown_when_this_process_is_listed_under_another_p
     assert failures.read_other_processes(0, {me}) == (132 * GiB, 1)
     monkeypatch.setattr(nvml, "_shared", session(processes=[]))
     assert failures.read_other_processes(0, {me}) == (0, 0)
+
+
+def test_session_processes_leave_out_the_tests_own_children(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        assert nvml.session_process_ids() == {os.getpid()}
+        assert child.pid in nvml.own_process_ids()  # the session-start view counts children
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        pids = nvml.session_process_ids()
+        assert os.getppid() in pids and os.getpid() in pids and child.pid not in pids
+    finally:
+        child.kill()
+        child.wait()

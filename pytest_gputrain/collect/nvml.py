@@ -317,6 +317,26 @@ def own_process_ids() -> set[int]:
     return pids
 
 
+def session_process_ids() -> set[int]:
+    """This process and, on a pytest-xdist worker, the controller and its other workers: the
+    processes whose GPU memory is this test session's own while a test runs. Unlike
+    ``own_process_ids`` it leaves out this process's children, so a process a test starts (a
+    server, an evaluation worker) counts as another process on the GPU."""
+    pids = {os.getpid()}
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return pids
+    try:
+        import psutil
+
+        parent = psutil.Process().parent()
+        if parent is not None:
+            pids.add(parent.pid)
+            pids.update(child.pid for child in parent.children(recursive=False))
+    except Exception:
+        pass
+    return pids
+
+
 def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | None = None,
                 session_pids: Collection[int] | None = None) -> DeviceSample | None:
     """One cheap sample of a GPU's state (for samplers); None when NVML cannot answer.

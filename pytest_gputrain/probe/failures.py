@@ -486,5 +486,5 @@ def other_process_memory(cuda_index: int) -> int | None:
     index = nvml.index_for_cuda_device(cuda_index)
     if index is None:
         return None
-    others = read_other_processes(index, nvml.own_process_ids())
+    others = read_other_processes(index, nvml.session_process_ids())
     return others[0] if others is not None else None

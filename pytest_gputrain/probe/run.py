@@ -347,7 +347,7 @@ class RunProbe:
             index = record.nvml.index if device == record.devices.cuda_index else None
             if index is None:
                 index = nvml.index_for_cuda_device(device)
-            pids = record.nvml.session_pids or nvml.own_process_ids()
+            pids = record.nvml.session_pids or nvml.session_process_ids()
             others = read_other_processes(index, pids) if index is not None else None
             if others is not None:
                 moment.other_processes, moment.other_process_count = others
@@ -577,7 +577,7 @@ class RunProbe:
                 return
             timeline.index = index
             timeline.started = timeline.pids_read = _perf()
-            timeline.session_pids = nvml.own_process_ids()
+            timeline.session_pids = nvml.session_process_ids()
             self._nvml_sample(timeline.started)
         except Exception as exc:
             timeline.index = None
@@ -593,7 +593,7 @@ class RunProbe:
         samples = timeline.samples
         if samples and samples[-1].other_process_count and now - timeline.pids_read \
                 >= PIDS_REFRESH:  # a sibling started since the last read is no "other"
-            timeline.session_pids = nvml.own_process_ids()
+            timeline.session_pids = nvml.session_process_ids()
             timeline.pids_read = now
         sample = nvml.read_sample(timeline.index, pids=[os.getpid()],
                                   session_pids=timeline.session_pids)

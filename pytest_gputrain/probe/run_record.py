@@ -178,7 +178,8 @@ class NvmlTimeline:
     samples: list[DeviceSample] = field(default_factory=list)
     started: float = 0.0
     last: float = 0.0  # clock of the last sample
-    # This test session's processes (pytest-xdist siblings too): not "other processes".
+    # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
+    # a process the test starts itself is another process.
     session_pids: set[int] = field(default_factory=set)
     pids_read: float = 0.0  # clock when session_pids was last refreshed
     before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
