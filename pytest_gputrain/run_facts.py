@@ -128,17 +128,18 @@ class MemoryFacts(FactGroup):
     reserved_start: int | None = fact(
         "bytes", "reserved when the test started: the cache earlier tests left")
     reserved_grown: int | None = fact(
-        "bytes", "how far the test grew the cache above what it found (peak - reserved_start)")
+        "bytes", "how far the test grew the cache above what it found (peak_reserved - "
+                 "reserved_start)")
     allocated_end: int | None = fact("bytes", "allocated after the last step")
     steady_allocated: int | None = fact(
         "bytes", "median allocated between steps (parameters, gradients, optimizer state)")
     peak_allocated: int | None = fact("bytes", "peak allocated during the test")
     peak_reserved: int | None = fact(
-        "bytes", "peak reserved by the caching allocator during the test, when the test "
-                 "reserved more than it found (else unknown: the earlier cache covered it)")
+        "bytes", "peak reserved by the caching allocator while the test ran (includes a cache "
+                 "earlier tests left: see reserved_start)")
     peak_memory: int | None = fact(
-        "bytes", "the test's own peak: peak_reserved, or peak_allocated when the cache "
-                 "earlier tests left covered the test")
+        "bytes", "the test's own peak: max(peak_allocated, reserved_grown); with an empty cache "
+                 "at the start, the peak reserved")
     reserved_end: int | None = fact("bytes", "reserved after the last step")
     peak_reserved_percent: float | None = fact("%", "peak_memory / budget")
     num_alloc_retries: int | None = fact(doc="allocations retried after freeing cached blocks")
@@ -344,10 +345,13 @@ class FailureFacts(FactGroup):
         "bytes", "memory in private pools (CUDA graphs) at the failure, per the message")
     peak_allocated: int | None = fact("bytes", "peak allocated during the test")
     peak_reserved: int | None = fact(
-        "bytes", "peak reserved during the test, when the test reserved more than the cache "
-                 "earlier tests left (else unknown)")
+        "bytes", "peak reserved while the test ran (includes a cache earlier tests left)")
     reserved_start: int | None = fact(
         "bytes", "reserved when the test started: the cache earlier tests left")
+    reserved_grown: int | None = fact(
+        "bytes", "how far the test grew the cache above what it found")
+    peak_memory: int | None = fact(
+        "bytes", "the test's own peak: max(peak_allocated, reserved_grown)")
     fraction: float | None = fact(doc="set_per_process_memory_fraction in force at the failure")
     fraction_limit: int | None = fact("bytes", "total x fraction: the allocator's limit")
     other_processes: int | None = fact(

@@ -15,8 +15,8 @@ from types import TracebackType
 from typing import Any
 
 from pytest_gputrain.probe.oom_message import parse_oom as parse_oom  # re-exported
+from pytest_gputrain.probe.run_facts_builder import own_peaks
 from pytest_gputrain.run_facts import FailureFacts, FailureKind
-from pytest_gputrain.units import format_bytes
 
 # (kind, patterns); the first kind with a matching pattern wins, so the order matters.
 _PATTERNS: tuple[tuple[FailureKind, tuple[str, ...]], ...] = (
@@ -382,22 +382,14 @@ def configured_fraction(conf: str | None = None) -> float | None:
 
 
 def _fill_own_peaks(facts: FailureFacts, context: dict[str, Any], state: dict[str, Any]) -> None:
-    """Peaks the test itself reached: not the cache earlier tests left reserved."""
-    start = context.get("allocator_start", {})
-    before = context.get("peaks_before_reset", {})
-    facts.reserved_start = start.get("reserved_bytes.all.current")
-    peak_allocated = max(state.get("peak_allocated") or 0,
-                         before.get("allocated_bytes.all.peak", 0))
-    if peak_allocated:
-        facts.peak_allocated = peak_allocated
-    peak_reserved = max(state.get("peak_reserved") or 0, before.get("reserved_bytes.all.peak", 0))
-    found = start.get("reserved_bytes.all.peak", start.get("reserved_bytes.all.current", 0))
-    if peak_reserved and peak_reserved > found:
-        facts.peak_reserved = peak_reserved
-    elif peak_reserved:
-        facts.unknown["peak_reserved"] = (
-            "the test never reserved more than the cache earlier tests left "
-            f"({format_bytes(found)} reserved when it started)")
+    """The test's own peaks (``own_peaks``): not the cache earlier tests left reserved."""
+    end = {key: state[name] for key, name in (("allocated_bytes.all.peak", "peak_allocated"),
+                                              ("reserved_bytes.all.peak", "peak_reserved"))
+           if state.get(name) is not None}
+    found = own_peaks(context.get("allocator_start", {}), end,
+                      context.get("peaks_before_reset", {}))
+    for name, value in found.items():
+        setattr(facts, name, value)
 
 
 def read_other_processes(nvml_index: int, session_pids: set[int]) -> tuple[int, int] | None:

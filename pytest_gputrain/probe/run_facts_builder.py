@@ -35,7 +35,6 @@ from pytest_gputrain.run_facts import (
     RunFacts,
     SyncFacts,
 )
-from pytest_gputrain.units import format_bytes
 
 MAX_SERIES = 4096  # per-step series are thinned beyond this
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW/HW thermal, HW power brake
@@ -332,30 +331,44 @@ def _budget(facts: MemoryFacts, record: RunRecord) -> None:
 
 
 def _own_peaks(facts: MemoryFacts, record: RunRecord) -> None:
-    """Peaks of this test alone. The probe resets the allocator's peaks when the test starts,
-    so a peak is the test's own, except for reserved memory: a cache earlier tests left stays
-    reserved, and a peak that never rose above it says nothing about this test."""
+    """Peaks of this test alone (``own_peaks``), from the allocator at the start and the end and
+    the peaks kept before a reset the test made itself."""
     index = record.devices.cuda_index
     start = record.allocator.start.get(index, {}) if index is not None else {}
-    end, before = record.allocator.end, record.allocator.peaks_before_reset
-    reserved_start = start.get("reserved_bytes.all.current", 0)
-    facts.reserved_start = reserved_start
-    found = max(reserved_start, start.get("reserved_bytes.all.peak", 0))
-    peak_allocated = end.get("allocated_bytes.all.peak")
-    if peak_allocated is not None or before:
-        facts.peak_allocated = max(peak_allocated or 0, before.get("allocated_bytes.all.peak", 0))
-    peak_reserved = end.get("reserved_bytes.all.peak")
-    if peak_reserved is not None or before:
-        peak_reserved = max(peak_reserved or 0, before.get("reserved_bytes.all.peak", 0))
-        facts.reserved_grown = max(0, peak_reserved - reserved_start)
-        if peak_reserved > found or found == 0:
-            facts.peak_reserved = peak_reserved
-        else:
-            facts.unknown["peak_reserved"] = (
-                f"the test never reserved more than the {format_bytes(reserved_start)} of "
-                "cache earlier tests left: its own peak is peak_allocated")
-    facts.peak_memory = facts.peak_reserved if facts.peak_reserved is not None \
-        else facts.peak_allocated
+    found = own_peaks(start, record.allocator.end, record.allocator.peaks_before_reset)
+    for name, value in found.items():
+        setattr(facts, name, value)
+
+
+def own_peaks(start: dict[str, Any], end: dict[str, Any], before_reset: dict[str, int]
+              ) -> dict[str, int]:
+    """``peak_allocated``, ``peak_reserved``, ``reserved_start``, ``reserved_grown`` and
+    ``peak_memory`` of one test, from ``memory_stats`` keys.
+
+    The probe resets the allocator's peaks when the test starts, so the peak allocated is the
+    test's own. Reserved memory is not: a cache an earlier test left stays reserved, so the raw
+    peak reserved can be another test's figure. The test's own share of it is how far it grew
+    the cache (``reserved_grown``), and its own peak (``peak_memory``) the larger of its peak
+    allocated and that growth; with an empty cache at the start that is the peak reserved.
+    """
+    found: dict[str, int] = {}
+    reserved_start = int(start.get("reserved_bytes.all.current", 0))
+    found["reserved_start"] = reserved_start
+    allocated = [int(v) for v in (end.get("allocated_bytes.all.peak"),
+                                  before_reset.get("allocated_bytes.all.peak")) if v is not None]
+    reserved = [int(v) for v in (end.get("reserved_bytes.all.peak"),
+                                 before_reset.get("reserved_bytes.all.peak")) if v is not None]
+    if allocated:
+        found["peak_allocated"] = max(allocated)
+    if reserved:
+        found["peak_reserved"] = max(reserved)
+        # A peak read at the start exceeds the current reserve when the probe did not reset it
+        # (the max_vram marker measures from the test's setup): growth counts from there.
+        baseline = max(reserved_start, int(start.get("reserved_bytes.all.peak", 0)))
+        found["reserved_grown"] = max(0, found["peak_reserved"] - baseline)
+    if allocated or reserved:
+        found["peak_memory"] = max(found.get("peak_allocated", 0), found.get("reserved_grown", 0))
+    return found
 
 
 def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
