@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_gputrain.probe.cuda_readings import read_backend_flags
 
-EVERY = 16  # steps between reads after the first steps and the profiler window
+EVERY = 32  # steps between reads after the first steps and the profiler window
 FRACTION = "memory_fraction"
 ANOMALY = "anomaly_detection"
 
