@@ -143,9 +143,10 @@ def test_settings_in_force_are_those_of_most_steps_and_changes_are_listed() -> N
 
 
 @pytest.mark.parametrize(("step", "in_window", "read"), [
-    (1, False, True), (2, False, True), (3, False, False), (4, True, True), (16, False, True),
-    (17, False, False), (32, False, True)])
-def test_settings_are_read_at_the_first_steps_the_window_and_every_16th(
+    (1, False, True), (2, False, True), (3, False, False), (4, True, True),
+    (settings.EVERY, False, True), (settings.EVERY + 1, False, False),
+    (2 * settings.EVERY, False, True)])
+def test_settings_are_read_at_the_first_steps_the_window_and_every_nth(
         step: int, in_window: bool, read: bool) -> None:
     assert settings.wanted(step, in_window) is read
 

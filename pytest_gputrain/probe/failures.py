@@ -14,8 +14,8 @@ import re
 from types import TracebackType
 from typing import Any
 
+from pytest_gputrain.probe.memory_peaks import own_peaks
 from pytest_gputrain.probe.oom_message import parse_oom as parse_oom  # re-exported
-from pytest_gputrain.probe.run_facts_builder import own_peaks
 from pytest_gputrain.run_facts import FailureFacts, FailureKind
 
 # (kind, patterns); the first kind with a matching pattern wins, so the order matters.

@@ -47,6 +47,7 @@ MAX_MODULES = 32  # top-level modules given their own hooks per test
 MAX_GRAPH_OUTPUTS = 100_000
 NVML_INTERVAL = 0.25  # seconds between NVML samples, read at step boundaries
 PIDS_REFRESH = 2.0  # seconds between re-reads of the session's PIDs while others show up
+_SETTINGS_EVERY = settings.EVERY
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
     StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW, StepFlag.EPOCH_START)
@@ -225,8 +226,8 @@ class RunProbe:
             count = len(steps.times)
             if window is None and self._profiler_enabled():
                 record.settings.user_profiler_steps += 1
-            if count <= 2 or window is not None or count % settings.EVERY == 0:
-                self._read_settings(count)
+            if count <= 2 or window is not None or count % _SETTINGS_EVERY == 0:
+                self._read_settings(count)  # settings.wanted(), inlined
             if window is not None:
                 if count >= self._window_last:
                     self._stop_window(count - window.first_step + 1)

@@ -53,7 +53,8 @@ def read_settings(torch: Any, fraction: Callable[[], float] | None) -> dict[str,
         settings[ANOMALY] = bool(torch.is_anomaly_enabled())
     if fraction is not None:
         with contextlib.suppress(Exception):
-            settings[FRACTION] = fraction()
+            # torch gives back limit / total: round off the limit's integer truncation
+            settings[FRACTION] = round(fraction(), 6)
     return settings
 
 
