@@ -117,18 +117,31 @@ class MemoryFacts(FactGroup):
 
     device: str | None = fact(doc="the CUDA device measured, e.g. cuda:0")
     total: int | None = fact("bytes", "device memory")
-    fraction: float | None = fact(doc="set_per_process_memory_fraction in force (1.0 = none)")
-    other_processes: int | None = fact("bytes", "memory other processes hold on the device")
+    fraction: float | None = fact(
+        doc="set_per_process_memory_fraction in force while the test trained (1.0 = none; the "
+            "smallest read at a step when the test changed it)")
+    other_processes: int | None = fact(
+        "bytes", "most memory other processes held on the device while the test ran")
     budget: int | None = fact(
         "bytes", "memory this process can get: min(total x fraction, total - other processes)")
     allocated_start: int | None = fact("bytes", "allocated when the test started")
+    reserved_start: int | None = fact(
+        "bytes", "reserved when the test started: the cache earlier tests left")
+    reserved_grown: int | None = fact(
+        "bytes", "how far the test grew the cache above what it found (peak_reserved - "
+                 "reserved_start)")
     allocated_end: int | None = fact("bytes", "allocated after the last step")
     steady_allocated: int | None = fact(
         "bytes", "median allocated between steps (parameters, gradients, optimizer state)")
     peak_allocated: int | None = fact("bytes", "peak allocated during the test")
-    peak_reserved: int | None = fact("bytes", "peak reserved by the caching allocator")
+    peak_reserved: int | None = fact(
+        "bytes", "peak reserved by the caching allocator while the test ran (includes a cache "
+                 "earlier tests left: see reserved_start)")
+    peak_memory: int | None = fact(
+        "bytes", "the test's own peak: max(peak_allocated, reserved_grown); with an empty cache "
+                 "at the start, the peak reserved")
     reserved_end: int | None = fact("bytes", "reserved after the last step")
-    peak_reserved_percent: float | None = fact("%", "peak_reserved / budget")
+    peak_reserved_percent: float | None = fact("%", "peak_memory / budget")
     num_alloc_retries: int | None = fact(doc="allocations retried after freeing cached blocks")
     num_ooms: int | None = fact(doc="out-of-memory errors the allocator raised")
     inactive_split: int | None = fact("bytes", "inactive, non-releasable split blocks (steady)")
@@ -207,6 +220,11 @@ class NvmlRunFacts(FactGroup):
     power_max: float | None = fact("W", "highest power draw")
     sm_clock_min: float | None = fact("MHz", "lowest SM clock")
     sm_clock_max: float | None = fact("MHz", "highest SM clock")
+    other_process_memory_max: int | None = fact(
+        "bytes", "most memory processes outside this test session held on the GPU in one "
+                 "sample (pytest-xdist workers of the session excluded)")
+    other_process_count_max: int | None = fact(
+        doc="most processes outside this test session on the GPU in one sample")
     throttle_reasons: list[str] = Field(
         default_factory=list, description="clock event reasons seen in any sample")
     throttle_percent: float | None = fact(
@@ -263,12 +281,40 @@ class RunFacts(FactGroup):
     conv_layers: int | None = fact(doc="convolution layers in the top-level modules")
     input_shape_count: int | None = fact(
         doc="distinct input shapes of the most called top-level module (counted up to 8)")
-    cudnn_benchmark: bool | None = fact(doc="torch.backends.cudnn.benchmark during training")
-    cudnn_deterministic: bool | None = fact(doc="torch.backends.cudnn.deterministic")
-    deterministic_algorithms: bool | None = fact(doc="torch.are_deterministic_algorithms_enabled()")
-    tf32_matmul: bool | None = fact(doc="matmuls may use TF32 (allow_tf32 or precision != highest)")
-    tf32_cudnn: bool | None = fact(doc="torch.backends.cudnn.allow_tf32")
-    float32_matmul_precision: str | None = fact(doc="torch.get_float32_matmul_precision()")
+    input_shape_count_all: int | None = fact(
+        doc="distinct input shapes of the most called top-level module (counted up to 64)")
+    new_shape_steps: int | None = fact(
+        doc="steady steps in which that module first saw an input shape (after step 1)")
+    new_shape_step_time: float | None = fact("s", "median wall time of those steps")
+    seen_shape_step_time: float | None = fact(
+        "s", "median wall time of the other steady steps (inputs of a shape seen before)")
+    new_shape_time_percent: float | None = fact(
+        "%", "share of the steady training time spent in those steps")
+    cudnn_benchmark: bool | None = fact(
+        doc="torch.backends.cudnn.benchmark in force while training (read at steps)")
+    cudnn_deterministic: bool | None = fact(
+        doc="torch.backends.cudnn.deterministic in force while training")
+    deterministic_algorithms: bool | None = fact(
+        doc="torch.are_deterministic_algorithms_enabled() in force while training")
+    tf32_matmul: bool | None = fact(
+        doc="matmuls may use TF32 while training (allow_tf32 or precision != highest)")
+    tf32_cudnn: bool | None = fact(doc="torch.backends.cudnn.allow_tf32 while training")
+    float32_matmul_precision: str | None = fact(
+        doc="torch.get_float32_matmul_precision() while training")
+    anomaly_detection: bool | None = fact(
+        doc="autograd anomaly detection in force while training (read at steps)")
+    anomaly_backwards: int = fact(doc="backward passes run under anomaly detection", default=0)
+    settings_reads: int = fact(doc="times the settings were read at step boundaries", default=0)
+    settings_changes: list[str] = Field(
+        default_factory=list,
+        description="settings the test changed while it trained, with the step that saw it")
+    user_profiler_steps: int = fact(
+        doc="steps run while a profiler of the test's own recorded (torch.profiler, "
+            "emit_nvtx), outside the probe's window", default=0)
+    user_profiler_percent: float | None = fact("%", "user_profiler_steps / steps")
+    gradcheck_calls: int = fact(
+        doc="torch.autograd.gradcheck/gradgradcheck calls after the first optimizer step",
+        default=0)
     loader: LoaderFacts = Field(default_factory=LoaderFacts)
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
     sync: SyncFacts = Field(default_factory=SyncFacts)
@@ -297,11 +343,27 @@ class FailureFacts(FactGroup):
     reserved: int | None = fact("bytes", "reserved by PyTorch at the failure")
     reserved_unallocated: int | None = fact("bytes", "reserved but not allocated (cached, free)")
     reserved_unallocated_percent: float | None = fact("%", "reserved_unallocated / reserved")
+    private_pools: int | None = fact(
+        "bytes", "memory in private pools (CUDA graphs) at the failure, per the message")
     peak_allocated: int | None = fact("bytes", "peak allocated during the test")
-    peak_reserved: int | None = fact("bytes", "peak reserved during the test")
-    fraction: float | None = fact(doc="set_per_process_memory_fraction in force")
-    fraction_limit: int | None = fact("bytes", "total x fraction")
-    other_processes: int | None = fact("bytes", "memory other processes hold on the device")
+    peak_reserved: int | None = fact(
+        "bytes", "peak reserved while the test ran (includes a cache earlier tests left)")
+    reserved_start: int | None = fact(
+        "bytes", "reserved when the test started: the cache earlier tests left")
+    reserved_grown: int | None = fact(
+        "bytes", "how far the test grew the cache above what it found")
+    peak_memory: int | None = fact(
+        "bytes", "the test's own peak: max(peak_allocated, reserved_grown)")
+    fraction: float | None = fact(doc="set_per_process_memory_fraction in force at the failure")
+    fraction_limit: int | None = fact("bytes", "total x fraction: the allocator's limit")
+    other_processes: int | None = fact(
+        "bytes", "memory other processes held on the device at the failure")
+    other_process_count: int | None = fact(doc="other processes on the device at the failure")
+    oom_observed: bool | None = fact(
+        doc="the allocator's out-of-memory observer recorded the failure's moment (limit, free "
+            "memory and other processes read at the failure itself)")
+    allocator_backend: str | None = fact(
+        doc="the allocator named by the message (cudaMallocAsync), else unknown")
     budget: int | None = fact("bytes", "min(total x fraction, total - other processes)")
     num_alloc_retries: int | None = fact(doc="allocator retries before the failure")
     num_ooms: int | None = fact(doc="OOMs the allocator raised in this process")

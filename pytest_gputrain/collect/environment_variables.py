@@ -2,7 +2,8 @@
 
 Reports, facts files and the terminal header are pasted into CI logs and issues, so values are
 kept by an allow-list: a variable is *read* only when its name has a prefix of the GPU stack
-(``CUDA_``, ``NCCL_``, ``TORCH_``, ``PYTORCH_``), and its *value* is kept only when its name is
+(``CUDA_``, ``NCCL_``, ``TORCH_``, ``PYTORCH_``, torch.compile's ``TORCHINDUCTOR_`` and
+``TORCHDYNAMO_``), and its *value* is kept only when its name is
 one of the settings below, which tune or debug training and carry no credentials. Any other
 variable of those prefixes keeps its name (it may matter that it is set) with the value
 ``<redacted>``: ``NCCL_IB_Password``, ``NCCL_API_KEY``, a plugin's token, a name nobody has
@@ -23,7 +24,7 @@ from pytest_gputrain.facts import EnvFacts
 REDACTED = "<redacted>"
 
 # Names with these prefixes are read; everything else in the environment is never looked at.
-READ_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_")
+READ_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_")
 
 # Values shown: CUDA runtime and driver settings (CUDA's programming guide, "CUDA Environment
 # Variables"), NCCL's documented tuning and debug variables, and torch's allocator, distributed
@@ -77,6 +78,8 @@ ALLOWED = frozenset({
     "NCCL_ASYNC_ERROR_HANDLING", "NCCL_BLOCKING_WAIT",
     # torch: allocator, distributed, debugging
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "PYTORCH_NO_HIP_MEMORY_CACHING", "TORCH_TRACE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+    "TORCHDYNAMO_VERBOSE",
     "PYTORCH_NVML_BASED_CUDA_CHECK", "PYTORCH_TUNABLEOP_ENABLED", "PYTORCH_JIT",
     "TORCH_CUDA_ARCH_LIST", "TORCH_USE_CUDA_DSA", "TORCH_SHOW_CPP_STACKTRACES",
     "TORCH_CPP_LOG_LEVEL", "TORCH_LOGS", "TORCH_COMPILE_DEBUG", "TORCH_DISTRIBUTED_DEBUG",
@@ -100,6 +103,39 @@ def relevant_variables(environ: Mapping[str, str],
             for name, value in sorted(environ.items()) if name.startswith(prefixes)}
 
 
+# torch.compile's debugging switches (troubleshooting docs): debug directories, full traces of
+# the model code, disabled caches.
+COMPILE_DEBUG = ("TORCH_COMPILE_DEBUG", "TORCH_TRACE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+                 "TORCHDYNAMO_VERBOSE", "TORCH_LOGS")
+# TORCH_LOGS artifacts that print generated code or whole graphs (or "+" for debug verbosity).
+_VERBOSE_LOGS = ("output_code", "graph_code", "bytecode", "trace_bytecode", "trace_source",
+                 "aot_graphs", "aot_joint_graphs", "kernel_code", "schedule")
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def compile_debug_settings(environ: Mapping[str, str]) -> list[str]:
+    """The torch.compile debugging switches that are on, as ``NAME=value``."""
+    found = []
+    for name in COMPILE_DEBUG:
+        value = environ.get(name)
+        if value is None:
+            continue
+        if name == "TORCH_TRACE":
+            on = bool(value.strip())  # a directory: set means on
+        elif name == "TORCH_LOGS":
+            parts = [part.strip() for part in value.split(",")]
+            on = any(part.startswith("+") or part.lstrip("+-") in _VERBOSE_LOGS
+                     for part in parts if part and not part.startswith("-"))
+        else:
+            on = _truthy(value)
+        if on:
+            found.append(f"{name}={value}")
+    return found
+
+
 def read_environment(environ: Mapping[str, str] | None = None) -> EnvFacts:
     environ = os.environ if environ is None else environ
     variables = relevant_variables(environ)
@@ -111,4 +147,7 @@ def read_environment(environ: Mapping[str, str] | None = None) -> EnvFacts:
         or environ.get("PYTORCH_ALLOC_CONF"),
         nccl_variables={name: value for name, value in variables.items()
                         if name.startswith("NCCL_")},
+        cuda_memory_caching_disabled=_truthy(environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING"))
+        or _truthy(environ.get("PYTORCH_NO_HIP_MEMORY_CACHING")),
+        compile_debug_settings=compile_debug_settings(environ),
     )

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pytest_gputrain.probe import oom_observer, settings
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.cuda_readings import (
     allocated_reader,
@@ -29,8 +30,11 @@ from pytest_gputrain.probe.cuda_readings import (
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
 from pytest_gputrain.probe.run_record import (
+    MAX_OOM_MOMENTS,
+    MAX_SHAPES_SEEN,
     LoaderWaits,
     ModuleState,
+    OomMoment,
     RunRecord,
     StepFlag,
     StepSeries,
@@ -42,6 +46,8 @@ _perf = time.perf_counter
 MAX_MODULES = 32  # top-level modules given their own hooks per test
 MAX_GRAPH_OUTPUTS = 100_000
 NVML_INTERVAL = 0.25  # seconds between NVML samples, read at step boundaries
+PIDS_REFRESH = 2.0  # seconds between re-reads of the session's PIDs while others show up
+_SETTINGS_EVERY = settings.EVERY
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
     StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW, StepFlag.EPOCH_START)
@@ -72,6 +78,9 @@ class RunProbe:
         self._window_start = profile_steps[0] - 1 if profile_steps is not None else -1
         self._window_last = profile_steps[1] if profile_steps is not None else 0
         self._read_allocated: Callable[[], int] | None = None  # set at the first step on CUDA
+        self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
+        self._anomaly_enabled = torch.is_anomaly_enabled
+        self._profiler_enabled = _profiler_probe(torch)
 
     @property
     def errors(self) -> list[str]:
@@ -109,8 +118,10 @@ class RunProbe:
                 if self.reset_peak:
                     torch.cuda.reset_peak_memory_stats(index)
                 record.allocator.start = {index: memory_stats(torch, index)}
+                oom_observer.attach(torch)
         except Exception as exc:  # e.g. an earlier test left the context broken
             record.errors.append(f"reading the allocator at the start: {exc}")
+        oom_observer.set_target(self.on_oom)
         try:
             self.install.install()
         except Exception as exc:
@@ -125,6 +136,8 @@ class RunProbe:
         record = self.record
         record.duration = _perf() - self._t_start
         self.closed = True
+        if oom_observer.target() == self.on_oom:
+            oom_observer.set_target(None)
         try:
             record.errors.extend(self.install.remove())
         except Exception as exc:  # pragma: no cover - remove() guards each step
@@ -137,6 +150,7 @@ class RunProbe:
         if self.window is not None:
             self._stop_window(len(record.steps.times), cuda_ok=cuda_ok)
         self._count_graph_outputs()
+        record.nvml.before_stop = len(record.nvml.samples)
         if record.nvml.index is not None:
             try:
                 self._nvml_sample(_perf())
@@ -210,6 +224,10 @@ class RunProbe:
                 if nvml.index is not None and now - nvml.last >= NVML_INTERVAL:
                     self._nvml_sample(now)
             count = len(steps.times)
+            if window is None and self._profiler_enabled():
+                record.settings.user_profiler_steps += 1
+            if count <= 2 or window is not None or count % _SETTINGS_EVERY == 0:
+                self._read_settings(count)  # settings.wanted(), inlined
             if window is not None:
                 if count >= self._window_last:
                     self._stop_window(count - window.first_step + 1)
@@ -275,6 +293,8 @@ class RunProbe:
             return
         try:
             self.record.forwards.backwards += 1
+            if self._anomaly_enabled():
+                self.record.settings.anomaly_backwards += 1
             self.in_backward += 1
             self.active = None
             self.install.disarm()
@@ -304,6 +324,82 @@ class RunProbe:
                 self.install.arm()
         except Exception as exc:
             self._fail("DataLoader wrapper", exc)
+
+    # -- settings in force, the moment of a failure, the test's own peaks -----------------------
+
+    def _read_settings(self, step: int) -> None:
+        """Snapshot the settings a test may change inside itself (``settings.py``)."""
+        timeline = self.record.settings
+        timeline.reads += 1
+        now = settings.read_settings(self.torch, self._read_fraction)
+        if not timeline.snapshots or timeline.snapshots[-1][1] != now:
+            timeline.snapshots.append((step, now))
+
+    def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
+        """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:
+        on the failing thread, before the test's ``finally:`` blocks run. Reads NVML only."""
+        record = self.record
+        moment = OomMoment(t=_perf(), step=len(record.steps.times), device_index=device,
+                           requested=requested, limit=limit, free=free)
+        try:
+            from pytest_gputrain.collect import nvml
+            from pytest_gputrain.probe.failures import read_other_processes
+
+            index = record.nvml.index if device == record.devices.cuda_index else None
+            if index is None:
+                index = nvml.index_for_cuda_device(device)
+            pids = record.nvml.session_pids or nvml.session_process_ids()
+            others = read_other_processes(index, pids) if index is not None else None
+            if others is not None:
+                moment.other_processes, moment.other_process_count = others
+        except Exception as exc:
+            record.errors.append(f"NVML at the out-of-memory error: {exc}")
+        del record.oom_moments[:-MAX_OOM_MOMENTS + 1]
+        record.oom_moments.append(moment)
+
+    def on_reset_peak(self, device: Any) -> None:
+        """Before the test resets the allocator's peak statistics itself: keep the peaks so far
+        (the test's own, since the probe reset them when it started)."""
+        index = self.record.devices.cuda_index
+        torch = self.torch
+        if index is None or not torch.cuda.is_initialized():
+            return
+        wanted = torch.cuda.current_device() if device is None else \
+            torch.cuda._utils._get_device_index(device, optional=True)
+        if int(wanted) != index:
+            return
+        stats = memory_stats(torch, index)
+        kept = self.record.allocator.peaks_before_reset
+        for key in ("allocated_bytes.all.peak", "reserved_bytes.all.peak"):
+            kept[key] = max(kept.get(key, 0), int(stats.get(key, 0)))
+
+    def on_gradcheck(self) -> None:
+        if self.record.steps.times:
+            self.record.settings.gradcheck_calls += 1
+
+    def failure_context(self) -> dict[str, Any]:
+        """What the probe saw up to a failure, for ``failures.build_failure``: the last
+        out-of-memory moment, the last settings read, other processes' memory in the last
+        samples taken while the test ran, and the allocator when the test started."""
+        record = self.record
+        context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
+        snapshots = record.settings.snapshots
+        if snapshots:
+            context["settings"] = dict(snapshots[-1][1])
+        samples = record.nvml.samples[:record.nvml.before_stop]
+        recent = [s.other_process_memory for s in samples[-2:]
+                  if s.other_process_memory is not None]
+        if recent:
+            context["other_processes_before"] = max(recent)
+        index = record.devices.cuda_index
+        start = record.allocator.start.get(index if index is not None else -1)
+        if start is None and len(record.allocator.start) == 1:
+            start = next(iter(record.allocator.start.values()))
+        if start:
+            context["allocator_start"] = dict(start)
+        if record.allocator.peaks_before_reset:
+            context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
+        return context
 
     # -- per top-level forward ------------------------------------------------------------------
 
@@ -342,6 +438,8 @@ class RunProbe:
             state.input_devices.add(state.last_device_name)
             if state.last_device_name not in forwards.input_devices:
                 forwards.input_devices.append(state.last_device_name)
+            if device.type == "cuda":
+                oom_observer.attach(self.torch)  # an OOM may come before the first step
         name = state.last_device_name
         shape = tensor.shape
         if shape != state.last_shape:
@@ -349,11 +447,21 @@ class RunProbe:
             key = tuple(int(n) for n in shape)
             if key not in state.input_shapes and len(state.input_shapes) < 8:
                 state.input_shapes.append(key)
+            self._note_shape(state, key)
             if forwards.input_batch is None and key:
                 forwards.input_batch = key[0]
         last = forwards.last
         if last is not None and name not in last[2]:
             last[2].append(name)
+
+    def _note_shape(self, state: ModuleState, key: tuple[int, ...]) -> None:
+        """Count a distinct input shape; date the first sight of each one after step 1."""
+        if key in state.shapes_seen or len(state.shapes_seen) >= MAX_SHAPES_SEEN:
+            return
+        state.shapes_seen.add(key)
+        step = len(self.record.steps.times)  # index of the step this forward belongs to
+        if step >= 1 and (not state.new_shape_steps or state.new_shape_steps[-1] != step):
+            state.new_shape_steps.append(step)
 
     def _watch_graph(self, output: Any) -> None:
         """Hook the autograd nodes of a grad-mode forward's outputs: a backward that runs
@@ -446,6 +554,8 @@ class RunProbe:
         if index not in record.allocator.start:
             record.allocator.start[index] = {}
         self._read_allocated = allocated_reader(torch, index)
+        self._read_fraction = settings.fraction_reader(torch, index)
+        oom_observer.attach(torch)
         if self.use_sampler:
             self._start_nvml(index)
 
@@ -467,7 +577,8 @@ class RunProbe:
             if index is None:
                 return
             timeline.index = index
-            timeline.started = _perf()
+            timeline.started = timeline.pids_read = _perf()
+            timeline.session_pids = nvml.session_process_ids()
             self._nvml_sample(timeline.started)
         except Exception as exc:
             timeline.index = None
@@ -480,7 +591,13 @@ class RunProbe:
         timeline.last = now
         if timeline.index is None:
             return
-        sample = nvml.read_sample(timeline.index, pids=[os.getpid()])
+        samples = timeline.samples
+        if samples and samples[-1].other_process_count and now - timeline.pids_read \
+                >= PIDS_REFRESH:  # a sibling started since the last read is no "other"
+            timeline.session_pids = nvml.session_process_ids()
+            timeline.pids_read = now
+        sample = nvml.read_sample(timeline.index, pids=[os.getpid()],
+                                  session_pids=timeline.session_pids)
         if sample is not None:
             sample.t = now - timeline.started
             timeline.samples.append(sample)
@@ -540,6 +657,15 @@ def _graph_tensors(value: Any, depth: int = 0, found: list[Any] | None = None) -
     for item in items[:8]:
         _graph_tensors(item, depth + 1, found)
     return found
+
+
+def _profiler_probe(torch: Any) -> Callable[[], bool]:
+    """``torch.autograd`` profiler state: True while a profiler records on this thread
+    (``torch.profiler.profile`` in an active phase, ``emit_nvtx``, the legacy profiler)."""
+    function = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    if callable(function):
+        return function  # type: ignore[no-any-return]
+    return lambda: False
 
 
 def _autocast_cuda(torch: Any) -> bool:

@@ -15,7 +15,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.probe import settings as settings_reads
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
+from pytest_gputrain.probe.memory_peaks import own_peaks
 from pytest_gputrain.probe.run_record import (
     Forwards,
     ModuleState,
@@ -97,8 +99,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
         main = max(forwards.modules.values(), key=lambda s: s.calls)
         if main.input_shapes:
             run.input_shape_count = len(main.input_shapes)
-    for key, value in (devices.backend_flags or process.backend_flags).items():
-        setattr(run, key, value)
+        _new_shapes(run, main, record, steady)
+    _settings(run, record, process)
     run.loader = _loader_facts(record, steady, process)
     run.sync = _sync_facts(record, steady)
     run.memory = _memory_facts(record, process)
@@ -106,6 +108,50 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.nvml = _nvml_facts(record.nvml)
     run.probe_errors = list(record.errors)
     return run
+
+
+def _settings(run: RunFacts, record: RunRecord, process: ProcessReadings) -> None:
+    """The settings in force while the test trained (read at steps), else at its first step,
+    else now; the debugging switches counted while it trained."""
+    timeline = record.settings
+    chosen, changes = settings_reads.in_force(timeline.snapshots, len(record.steps.times))
+    flags = dict(process.backend_flags)
+    flags.update(record.devices.backend_flags)
+    flags.update(chosen)
+    for key, value in flags.items():
+        if key in RunFacts.model_fields and key != settings_reads.FRACTION:
+            setattr(run, key, value)
+    run.settings_reads = timeline.reads
+    run.settings_changes = changes
+    run.anomaly_backwards = timeline.anomaly_backwards
+    run.gradcheck_calls = timeline.gradcheck_calls
+    run.user_profiler_steps = timeline.user_profiler_steps
+    if record.steps.times:
+        run.user_profiler_percent = round(
+            100.0 * timeline.user_profiler_steps / len(record.steps.times), 2)
+
+
+def _new_shapes(run: RunFacts, main: ModuleState, record: RunRecord, steady: list[int]) -> None:
+    """How much of the training time went to steps that met an input shape for the first time
+    (with cuDNN benchmark mode, each such step times every algorithm for it)."""
+    run.input_shape_count_all = len(main.shapes_seen) or None
+    if not steady:
+        return
+    times = record.steps.times
+    counted = set(steady)
+    new = [i for i in main.new_shape_steps if i in counted]
+    run.new_shape_steps = len(new)
+    total = sum(times[i] for i in steady)
+    fresh = set(new)
+    seen = [times[i] for i in steady if i not in fresh]
+    if seen:
+        run.seen_shape_step_time = round(statistics.median(seen), 6)
+    if new:
+        run.new_shape_step_time = round(statistics.median(times[i] for i in new), 6)
+        if total > 0:
+            run.new_shape_time_percent = round(100.0 * sum(times[i] for i in new) / total, 2)
+    else:
+        run.new_shape_time_percent = 0.0
 
 
 def steady_indices(flags: list[StepFlag], warmup: int) -> list[int]:
@@ -245,26 +291,14 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     steady = readings.window or end
     facts.expandable_segments = process.expandable_segments
     facts.total = end.get("total")
-    facts.fraction = end.get("fraction")
-    if facts.fraction is None:
-        facts.unknown["fraction"] = "torch cannot read set_per_process_memory_fraction back"
-    facts.other_processes = end.get("other_processes")
-    if facts.total is not None:
-        limit = int(facts.total * (facts.fraction if facts.fraction is not None else 1.0))
-        facts.budget = min(limit, facts.total - (facts.other_processes or 0))
+    _budget(facts, record)
     facts.allocated_start = start.get("allocated_bytes.all.current")
     facts.allocated_end = allocated[-1] if allocated else end.get("allocated_bytes.all.current")
     if allocated:
         facts.steady_allocated = int(statistics.median(allocated[record.warmup:] or allocated))
-    facts.peak_allocated = end.get("allocated_bytes.all.peak")
-    facts.peak_reserved = end.get("reserved_bytes.all.peak")
     facts.reserved_end = steady.get("reserved_bytes.all.current")
-    reserved_start = start.get("reserved_bytes.all.current", 0)
-    demand = facts.peak_reserved
-    if demand is not None and demand <= reserved_start and facts.peak_allocated is not None:
-        # The cache held this much before the test: the test's own demand is what it
-        # allocated, not what earlier tests left reserved.
-        demand = facts.peak_allocated
+    _own_peaks(facts, record)
+    demand = facts.peak_memory
     if demand is not None and facts.budget:
         facts.peak_reserved_percent = round(100.0 * demand / facts.budget, 2)
     for key, name in (("num_alloc_retries", "num_alloc_retries"), ("num_ooms", "num_ooms")):
@@ -278,6 +312,33 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     _growth(facts, allocated, record.warmup, demand)
     _batch_model(facts, batch_size(record), demand)
     return facts
+
+
+def _budget(facts: MemoryFacts, record: RunRecord) -> None:
+    """The memory this process could get while the test trained: the device's total times the
+    smallest memory fraction read at a step (else the one read at the end), less the most
+    memory other processes held in any NVML sample (else at the end)."""
+    end = record.allocator.end
+    fractions = settings_reads.values_of(record.settings.snapshots, settings_reads.FRACTION)
+    facts.fraction = min(fractions) if fractions else end.get("fraction")
+    if facts.fraction is None:
+        facts.unknown["fraction"] = "torch cannot read set_per_process_memory_fraction back"
+    others = [s.other_process_memory for s in record.nvml.samples
+              if s.other_process_memory is not None]
+    facts.other_processes = max(others) if others else end.get("other_processes")
+    if facts.total is not None:
+        limit = int(facts.total * (facts.fraction if facts.fraction is not None else 1.0))
+        facts.budget = min(limit, facts.total - (facts.other_processes or 0))
+
+
+def _own_peaks(facts: MemoryFacts, record: RunRecord) -> None:
+    """Peaks of this test alone (``own_peaks``), from the allocator at the start and the end and
+    the peaks kept before a reset the test made itself."""
+    index = record.devices.cuda_index
+    start = record.allocator.start.get(index, {}) if index is not None else {}
+    found = own_peaks(start, record.allocator.end, record.allocator.peaks_before_reset)
+    for name, value in found.items():
+        setattr(facts, name, value)
 
 
 def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
@@ -357,7 +418,9 @@ def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
         facts.utilization_mean = round(util.mean, 2)
         facts.utilization_p50 = round(util.p50, 2)
     for metric, name in (("memory_used", "memory_used_max"),
-                         ("process_memory", "process_memory_max")):
+                         ("process_memory", "process_memory_max"),
+                         ("other_process_memory", "other_process_memory_max"),
+                         ("other_process_count", "other_process_count_max")):
         found = stats(metric)
         if found is not None:
             setattr(facts, name, int(found.max))

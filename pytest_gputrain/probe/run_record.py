@@ -16,6 +16,9 @@ from typing import Any
 from pytest_gputrain.facts import DeviceSample
 from pytest_gputrain.probe.loader import LoaderTracker
 
+MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
+MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
+
 
 class StepFlag(enum.Enum):
     """What was special about an optimizer step; only STEADY steps make the steady statistics."""
@@ -72,8 +75,9 @@ class ModuleState:
 
     __slots__ = ("autocast_calls", "calls", "conv_layers", "first_device", "first_param",
                  "grad_calls", "handles", "inference_calls", "input_devices", "input_shapes",
-                 "last_device", "last_device_name", "last_shape", "name", "param_devices",
-                 "param_dtypes", "parameters", "ref", "training_calls")
+                 "last_device", "last_device_name", "last_shape", "name", "new_shape_steps",
+                 "param_devices", "param_dtypes", "parameters", "ref", "shapes_seen",
+                 "training_calls")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -87,6 +91,10 @@ class ModuleState:
         self.first_device: Any = None
         self.input_devices: set[str] = set()
         self.input_shapes: list[tuple[int, ...]] = []
+        # Every distinct first-input shape (up to MAX_SHAPES_SEEN), and the steps in which a
+        # never-seen one arrived after the first step (cuDNN benchmark mode tunes for each).
+        self.shapes_seen: set[tuple[int, ...]] = set()
+        self.new_shape_steps: list[int] = []
         self.last_device: Any = None
         self.last_device_name = ""
         self.last_shape: Any = None
@@ -157,6 +165,9 @@ class AllocatorReadings:
     window: dict[str, Any] = field(default_factory=dict)  # when the profiler window closed
     # At the end, plus the device budget: total, fraction, other_processes.
     end: dict[str, Any] = field(default_factory=dict)
+    # The test's own peaks read just before it reset the allocator's peak statistics itself
+    # (gpu_benchmark, torch.cuda.reset_peak_memory_stats): the highest, by memory_stats key.
+    peaks_before_reset: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -167,6 +178,38 @@ class NvmlTimeline:
     samples: list[DeviceSample] = field(default_factory=list)
     started: float = 0.0
     last: float = 0.0  # clock of the last sample
+    # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
+    # a process the test starts itself is another process.
+    session_pids: set[int] = field(default_factory=set)
+    pids_read: float = 0.0  # clock when session_pids was last refreshed
+    before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
+
+
+@dataclass(slots=True)
+class SettingsTimeline:
+    """Settings a test may change inside itself (``settings.py``), read at step boundaries,
+    and the debugging switches counted while it trained."""
+
+    # (step, settings) whenever the settings differ from the previous read, in step order.
+    snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    reads: int = 0
+    anomaly_backwards: int = 0  # backward passes run under anomaly detection
+    user_profiler_steps: int = 0  # steps with a profiler of the test's own recording
+    gradcheck_calls: int = 0  # torch.autograd.gradcheck / gradgradcheck after the first step
+
+
+@dataclass(slots=True)
+class OomMoment:
+    """What the allocator's out-of-memory observer saw at a failed allocation."""
+
+    t: float  # probe clock
+    step: int  # optimizer steps completed before it
+    device_index: int
+    requested: int
+    limit: int  # total x memory fraction once a fraction was set, else the device's total
+    free: int  # device memory free at the failure (all processes)
+    other_processes: int | None = None  # memory other processes held (NVML, at the failure)
+    other_process_count: int | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +227,8 @@ class RunRecord:
     devices: DevicesSeen = field(default_factory=DevicesSeen)
     allocator: AllocatorReadings = field(default_factory=AllocatorReadings)
     nvml: NvmlTimeline = field(default_factory=NvmlTimeline)
+    settings: SettingsTimeline = field(default_factory=SettingsTimeline)
+    oom_moments: list[OomMoment] = field(default_factory=list)
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

@@ -8,6 +8,9 @@ What is installed (and only while a diagnosed test's call phase runs):
   module called outside any other module's forward, then disarms itself so that submodules keep
   PyTorch's hook-free fast path; a forward hook on that top-level module re-arms it;
 - wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
+- wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
+  before a reset inside the test, e.g. by ``gpu_benchmark``) and of
+  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
 - wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
   ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors;
 - a wrapper of ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (loader.py);
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
+DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
 
 
 class Patches:
@@ -114,6 +118,30 @@ def wrap_backward(original: Callable[..., Any], probe: Any) -> Callable[..., Any
     backward.__wrapped__ = original  # type: ignore[attr-defined]
     backward._gputrain_probe = True  # type: ignore[attr-defined]
     return backward
+
+
+def wrap_before(original: Callable[..., Any], before: Callable[..., None],
+                probe: Any) -> Callable[..., Any]:
+    """Call ``before(*args, **kwargs)`` (guarded: a probe error disables the probe), then the
+    original."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not probe.disabled:
+            try:
+                before(*args, **kwargs)
+            except Exception as exc:
+                probe._fail(f"{getattr(original, '__name__', 'wrapper')} wrapper", exc)
+        return original(*args, **kwargs)
+
+    wrapper.__name__ = getattr(original, "__name__", "wrapper")
+    wrapper.__qualname__ = getattr(original, "__qualname__", "wrapper")
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper._gputrain_probe = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
+    return device
 
 
 def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
@@ -201,6 +229,27 @@ class Installation:
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
         self.patch_compiled_modules()
+        self.install_truth_wrappers()
+
+    def install_truth_wrappers(self) -> None:
+        """Wrappers that keep the facts true to the test: its own memory peaks across a reset
+        it makes, and the debugging APIs it calls while training."""
+        probe = self.probe
+        memory = getattr(self.torch.cuda, "memory", None)
+        reset = getattr(memory, "reset_peak_memory_stats", None)
+        if reset is not None:
+            wrapped = wrap_before(
+                reset, lambda *a, **k: probe.on_reset_peak(_reset_device(*a, **k)), probe)
+            self.patches.set(memory, "reset_peak_memory_stats", wrapped)
+            if getattr(self.torch.cuda, "reset_peak_memory_stats", None) is reset:
+                self.patches.set(self.torch.cuda, "reset_peak_memory_stats", wrapped)
+        autograd = self.torch.autograd
+        for name in DEBUG_APIS:
+            original = getattr(autograd, name, None)
+            if callable(original):
+                self.patches.set(autograd, name,
+                                 wrap_before(original, lambda *a, **k: probe.on_gradcheck(),
+                                             probe))
 
     def patch_compiled_modules(self) -> None:
         """Wrap OptimizedModule.__call__ once dynamo is imported (never imports it)."""
@@ -246,6 +295,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile")]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
+    owners += [(torch.autograd, name) for name in DEBUG_APIS]
+    owners += [(torch.cuda, "reset_peak_memory_stats"),
+               (torch.cuda.memory, "reset_peak_memory_stats")]
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))

@@ -55,6 +55,15 @@ def _plugin_args() -> list[str]:
     return ["-p", "pytest_gputrain.plugin"]
 
 
+def _release_outer_cache() -> None:
+    """This pytest process is "another process" to the one it starts: give back the GPU memory
+    it cached in earlier in-process GPU tests (its CUDA context alone stays under the 1 GiB
+    from which other processes count, GT134/GT208)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _outcome(returncode: int, stdout: str) -> str:
     """'passed', 'failed', 'skipped' (nothing ran) or 'exit N', from pytest's summary line."""
     lines = [line for line in stdout.splitlines() if line.strip()]
@@ -96,6 +105,7 @@ def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
         "--gpu-diagnose", "--gpu-fail-on=never", f"--gpu-report={report}",
         "-p", "no:cacheprovider", "-q",
     ]
+    _release_outer_cache()
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=PIPELINES.parents[1], capture_output=True,
