@@ -30,7 +30,6 @@ FEATURES = (
     "pytest_gputrain.ladder.plugin",
     "pytest_gputrain.distributed.plugin",
 )
-pytest_plugins = FEATURES
 # The features' options that tune the diagnosis: on the command line they turn it on, as the
 # diagnosis's own do.
 DIAGNOSIS_FEATURE_OPTIONS = PROBE_OPTIONS
@@ -48,8 +47,15 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     options.add_options(parser)
+    # The features are registered here, after the diagnosis's options (so `pytest --help` lists
+    # theirs next), rather than named in ``pytest_plugins``: pytest looks each name there up
+    # among the entry points of every installed distribution first, reading all their metadata
+    # once per name, which cost a plain run more than the features themselves.
+    for name in FEATURES:
+        if pluginmanager.get_plugin(name) is None and not pluginmanager.is_blocked(name):
+            pluginmanager.register(importlib.import_module(name), name)
 
 
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
