@@ -22,6 +22,7 @@ from typing import Any
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.cuda_readings import (
     allocated_reader,
+    allocator_backend,
     device_budget,
     memory_stats,
     read_backend_flags,
@@ -445,6 +446,7 @@ class RunProbe:
             record.errors.append(f"device properties: {exc}")
         if index not in record.allocator.start:
             record.allocator.start[index] = {}
+        record.allocator.backend = allocator_backend(torch)
         self._read_allocated = allocated_reader(torch, index)
         if self.use_sampler:
             self._start_nvml(index)
@@ -467,6 +469,9 @@ class RunProbe:
             if index is None:
                 return
             timeline.index = index
+            timeline.power_limit, timeline.power_limit_default = (
+                reading.value if reading.ok else None
+                for reading in nvml.read_power_limits(index))
             timeline.started = _perf()
             self._nvml_sample(timeline.started)
         except Exception as exc:

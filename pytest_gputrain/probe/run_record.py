@@ -157,6 +157,7 @@ class AllocatorReadings:
     window: dict[str, Any] = field(default_factory=dict)  # when the profiler window closed
     # At the end, plus the device budget: total, fraction, other_processes.
     end: dict[str, Any] = field(default_factory=dict)
+    backend: str | None = None  # torch.cuda.get_allocator_backend() at the first CUDA step
 
 
 @dataclass(slots=True)
@@ -167,6 +168,8 @@ class NvmlTimeline:
     samples: list[DeviceSample] = field(default_factory=list)
     started: float = 0.0
     last: float = 0.0  # clock of the last sample
+    power_limit: float | None = None  # W, enforced, read once when sampling starts
+    power_limit_default: float | None = None  # W, the board's default limit
 
 
 @dataclass(slots=True)
@@ -187,3 +190,5 @@ class RunRecord:
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
+    # The test's parameters name a CPU device (read from pytest before the test runs).
+    cpu_parametrized: bool | None = None
