@@ -360,8 +360,8 @@ def _busy_outside_window(run: RunFacts) -> None:
     The profiler adds host time to every launch, so a launch-bound step is slower inside the
     window than outside; kernels run about as long either way. The loader wait and the GPU
     time of pageable copies are then taken out of the step, to tell how busy the GPU would be
-    without them and how much idle time they leave unexplained (issue 14: a finding stands
-    down for another only when the other's fix also fixes it)."""
+    without them and how much idle time they leave unexplained: GT105 fires beside GT102 and
+    GT103 when that rest of the step is launch-bound on its own."""
     profile = run.profile
     kernel, step = profile.kernel_time_per_step, run.step_time
     if kernel is None or not step:
