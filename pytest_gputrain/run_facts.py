@@ -147,10 +147,14 @@ class MemoryFacts(FactGroup):
     inactive_split: int | None = fact("bytes", "inactive, non-releasable split blocks (steady)")
     inactive_split_percent: float | None = fact("%", "inactive_split / reserved (steady)")
     expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
+    allocator_backend: str | None = fact(
+        doc="torch.cuda.get_allocator_backend() at the first CUDA step: native or cudaMallocAsync")
     allocated_per_step: list[int] = Field(
         default_factory=list, description="allocated after each step (thinned past 4096 steps)")
     growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
     growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
+    growth_late_per_step: float | None = fact(
+        "bytes", "least-squares slope over the second half of the fitted steps")
     growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted")
     growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
@@ -187,6 +191,16 @@ class ProfileFacts(FactGroup):
     step_time: float | None = fact("s", "wall time per profiled step")
     kernel_time: float | None = fact("s", "time with any kernel or copy running (union)")
     busy_percent: float | None = fact("%", "kernel_time / wall")
+    kernel_time_per_step: float | None = fact("s", "kernel_time / steps profiled")
+    busy_percent_unprofiled: float | None = fact(
+        "%", "kernel_time_per_step / run.step_time: busy share of a step outside the window "
+             "(the profiler slows launches, not kernels)")
+    busy_percent_without_waits: float | None = fact(
+        "%", "kernel_time_per_step / (run.step_time - loader wait - pageable copy time per "
+             "step): how busy the GPU would be without the loader and pageable-copy waits")
+    idle_without_waits_percent: float | None = fact(
+        "%", "GPU idle time per step that neither the loader wait nor pageable copies explain, "
+             "as a share of run.step_time")
     kernels: int | None = fact(doc="kernels launched in the window")
     kernels_per_step: float | None = fact(doc="kernels per profiled step")
     kernel_mean: float | None = fact("µs", "mean kernel duration")
@@ -200,6 +214,9 @@ class ProfileFacts(FactGroup):
     h2d_pageable_percent: float | None = fact("%", "pageable H2D copy time / wall")
     h2d_pinned_copies: int | None = fact(doc="host-to-device copies from pinned memory")
     syncs_per_step: float | None = fact(doc="cuda*Synchronize calls per step")
+    sync_wait_percent: float | None = fact(
+        "%", "host time inside synchronize calls and device-to-host copies / wall")
+    graph_launches_per_step: float | None = fact(doc="CUDA graph launches per step")
     host_wait_percent: float | None = fact(
         "%", "GPU idle time where the next kernel was launched only after the GPU went idle")
     top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
@@ -228,6 +245,8 @@ class NvmlRunFacts(FactGroup):
     throttle_percent: float | None = fact(
         "%", "samples with a hardware slowdown, thermal slowdown or power brake")
     power_cap_percent: float | None = fact("%", "samples held by the software power cap")
+    power_limit: float | None = fact("W", "enforced power limit when sampling started")
+    power_limit_default: float | None = fact("W", "the board's default power limit")
 
 
 class ForwardRecord(BaseModel):
@@ -247,6 +266,8 @@ class RunFacts(FactGroup):
     nodeid: str = fact(doc="the test", default="")
     duration: float | None = fact("s", "wall time of the test call")
     cuda_available: bool | None = fact(doc="torch.cuda.is_available() during the test")
+    cpu_parametrized: bool | None = fact(
+        doc="the test is parametrized with a CPU device ('cpu' or torch.device('cpu'))")
     cuda_used: bool | None = fact(doc="the test allocated CUDA memory")
     device: str | None = fact(doc="device of the trained parameters (cuda:0, cpu)")
     device_name: str | None = fact(doc="name of that device")

@@ -36,6 +36,15 @@ def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
     return read
 
 
+def allocator_backend(torch: Any) -> str | None:
+    """``native`` or ``cudaMallocAsync`` (PYTORCH_CUDA_ALLOC_CONF=backend:...), None when torch
+    cannot say. Read once, at the first CUDA step: the backend is fixed when CUDA starts."""
+    try:
+        return str(torch.cuda.get_allocator_backend())
+    except Exception:
+        return None
+
+
 def device_budget(torch: Any, index: int) -> dict[str, Any]:
     """The device's total memory, the process's memory fraction and what other processes hold
     (the last two only where readable)."""

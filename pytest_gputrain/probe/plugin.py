@@ -161,6 +161,7 @@ class ProbePlugin:
 
         probe = RunProbe(torch, item.nodeid, profile_steps=self.settings.profile_steps,
                          reset_peak=item.get_closest_marker("max_vram") is None)
+        probe.record.cpu_parametrized = cpu_parametrized(item)
         probe.start()
         return probe
 
@@ -234,6 +235,22 @@ class ProbePlugin:
             from pytest_gputrain.findings import sort_findings
 
             report.sections.append((SECTION, section_text(sort_findings(findings))))
+
+
+def cpu_parametrized(item: pytest.Item) -> bool:
+    """The test's parameters (``parametrize`` or fixture params) include a CPU device: the
+    string ``"cpu"`` (or ``"cpu:0"``) or a ``torch.device("cpu")``. Such a test runs on the
+    CPU on purpose, whatever GPU the machine has."""
+    callspec = getattr(item, "callspec", None)
+    params = getattr(callspec, "params", None) or {}
+    return any(_is_cpu_device(value) for value in params.values())
+
+
+def _is_cpu_device(value: Any) -> bool:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        return text == "cpu" or text.startswith("cpu:")
+    return type(value).__name__ == "device" and getattr(value, "type", None) == "cpu"
 
 
 def _type_name(exc: BaseException) -> str:

@@ -10,7 +10,10 @@ records GPU activity (kernels, copies) and the CUDA runtime calls that launched 
   launched only after the GPU had gone idle);
 - host-to-device copies from pageable vs pinned memory (Nsight Systems' pageable-memcpy rule);
 - matmul/convolution kernels and whether they run on tensor cores (kernel names);
-- ``cuda*Synchronize`` calls per step.
+- ``cuda*Synchronize`` calls per step, and the host time spent waiting in them (plus
+  device-to-host copies, which wait the same way);
+- kernel time per step (so that busy time can be judged against the step time measured outside
+  the window: the profiler's callbacks slow every launch) and CUDA graph launches per step.
 
 ``analyse`` is a pure function over plain event records, so it is tested on CPU machines.
 """
@@ -48,9 +51,11 @@ TENSOR_CORE_PATTERN = re.compile(
 NOT_TENSOR_CORE_PATTERN = re.compile(r"sgemm|simt|ffma|nvjet_sm\d+_sss", re.IGNORECASE)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset",
                    "cuMemcpy", "cuMemset")
 _BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,27 @@ def _host_wait_ns(kernels: Sequence[GpuEvent], launches: dict[int, RuntimeEvent]
     return idle, host
 
 
+def api_name(name: str) -> str:
+    """A runtime call's name without CUPTI's version suffix."""
+    return _VERSION_SUFFIX.sub("", name)
+
+
+def _sync_wait_ns(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], own_syncs: int
+                  ) -> int:
+    """Host time inside synchronize calls and device-to-host copy calls (they return only when
+    the GPU has caught up). The window's own closing ``cudaDeviceSynchronize`` is left out."""
+    to_host = {e.correlation for e in gpu
+               if e.kind == "memcpy" and "DtoH" in e.name and e.correlation}
+    waits = [e for e in runtime if api_name(e.name) in SYNC_CALLS]
+    if own_syncs and waits:
+        device_syncs = [e for e in waits if api_name(e.name) == "cudaDeviceSynchronize"]
+        if device_syncs:
+            waits.remove(max(device_syncs, key=lambda e: e.start_ns))
+    copies = [e for e in runtime if e.correlation in to_host
+              and api_name(e.name).startswith(("cudaMemcpy", "cuMemcpy"))]
+    return _union_ns((e.start_ns, e.end_ns) for e in [*waits, *copies])
+
+
 def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: float, steps: int,
             own_syncs: int = 0) -> dict[str, Any]:
     """ProfileFacts fields from a window's events (``wall`` seconds, ``steps`` steps)."""
@@ -150,8 +176,9 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
     all_kernel_ns = sum(durations)
     pageable = [e for e in copies if "HtoD" in e.name and "Pageable" in e.name]
     pinned = [e for e in copies if "HtoD" in e.name and "Pinned" in e.name]
-    syncs = sum(1 for e in runtime if e.name in SYNC_CALLS)
+    syncs = sum(1 for e in runtime if api_name(e.name) in SYNC_CALLS)
     syncs = max(0, syncs - own_syncs)
+    graph_launches = sum(1 for e in runtime if api_name(e.name) in GRAPH_LAUNCH_CALLS)
     launches = {e.correlation: e for e in runtime
                 if e.correlation and e.name.startswith(LAUNCH_PREFIXES)}
     waits = _host_wait_ns(kernels, launches)
@@ -163,6 +190,7 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
         "wall": wall,
         "step_time": wall / steps,
         "kernel_time": kernel_ns / 1e9,
+        "kernel_time_per_step": kernel_ns / 1e9 / steps,
         "busy_percent": round(min(100.0, 100.0 * kernel_ns / wall_ns), 2),
         "kernels": len(kernels),
         "kernels_per_step": round(len(kernels) / steps, 2),
@@ -181,6 +209,9 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
             100.0 * sum(e.duration_ns for e in pageable) / wall_ns, 2),
         "h2d_pinned_copies": len(pinned),
         "syncs_per_step": round(syncs / steps, 2),
+        "sync_wait_percent": round(
+            min(100.0, 100.0 * _sync_wait_ns(gpu, runtime, own_syncs) / wall_ns), 2),
+        "graph_launches_per_step": round(graph_launches / steps, 2),
         "host_wait_percent": round(100.0 * waits[1] / waits[0], 2) if waits and waits[0] else None,
         "top_kernels": [f"{name[:120]} ({ns / 1e6:.2f} ms)" for name, ns in top],
     }

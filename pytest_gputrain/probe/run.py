@@ -23,6 +23,7 @@ from pytest_gputrain.probe import oom_observer, settings
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.cuda_readings import (
     allocated_reader,
+    allocator_backend,
     device_budget,
     memory_stats,
     read_backend_flags,
@@ -553,6 +554,7 @@ class RunProbe:
             record.errors.append(f"device properties: {exc}")
         if index not in record.allocator.start:
             record.allocator.start[index] = {}
+        record.allocator.backend = allocator_backend(torch)
         self._read_allocated = allocated_reader(torch, index)
         self._read_fraction = settings.fraction_reader(torch, index)
         oom_observer.attach(torch)
@@ -577,6 +579,9 @@ class RunProbe:
             if index is None:
                 return
             timeline.index = index
+            timeline.power_limit, timeline.power_limit_default = (
+                reading.value if reading.ok else None
+                for reading in nvml.read_power_limits(index))
             timeline.started = timeline.pids_read = _perf()
             timeline.session_pids = nvml.session_process_ids()
             self._nvml_sample(timeline.started)

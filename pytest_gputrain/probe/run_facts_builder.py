@@ -61,6 +61,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
         run.mark_unknown("cuda_available", "not readable when the test started")
     else:
         run.cuda_available = devices.cuda_available
+    run.cpu_parametrized = record.cpu_parametrized
     run.cuda_used = devices.cuda_index is not None or any(
         d.startswith("cuda") for d in forwards.input_devices)
     run.device = devices.device
@@ -105,6 +106,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.sync = _sync_facts(record, steady)
     run.memory = _memory_facts(record, process)
     run.profile = _profile_facts(record, steps)
+    _busy_outside_window(run)
     run.nvml = _nvml_facts(record.nvml)
     run.probe_errors = list(record.errors)
     return run
@@ -290,6 +292,9 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     end = readings.end
     steady = readings.window or end
     facts.expandable_segments = process.expandable_segments
+    facts.allocator_backend = readings.backend
+    if readings.backend is None:
+        facts.unknown["allocator_backend"] = "not readable at the first CUDA step"
     facts.total = end.get("total")
     _budget(facts, record)
     facts.allocated_start = start.get("allocated_bytes.all.current")
@@ -349,18 +354,29 @@ def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int |
         facts.unknown["growth_per_step"] = f"{len(allocated)} step(s): too few to fit"
         return
     n = len(points)
-    mean_x = (n - 1) / 2
-    mean_y = statistics.fmean(points)
-    sxx = sum((i - mean_x) ** 2 for i in range(n))
-    sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
-    slope = sxy / sxx
+    slope = _slope(points)
     facts.growth_per_step = round(slope, 1)
+    late = points[n // 2:]
+    if len(late) >= 3:
+        facts.growth_late_per_step = round(_slope(late), 1)
+    else:
+        facts.unknown["growth_late_per_step"] = f"{len(late)} step(s) in the second half"
     facts.growth_total = points[-1] - points[0]
     rises = sum(1 for a, b in itertools.pairwise(points) if b > a)
     facts.growth_rising_percent = round(100.0 * rises / (n - 1), 2)
     if slope > 0 and facts.budget:
         used = max(demand or 0, facts.reserved_end or 0, points[-1])
         facts.steps_to_exhaust = round(max(0.0, (facts.budget - used) / slope), 1)
+
+
+def _slope(points: list[int]) -> float:
+    """Least-squares slope of points taken at steps 0, 1, 2, ..."""
+    n = len(points)
+    mean_x = (n - 1) / 2
+    mean_y = statistics.fmean(points)
+    sxx = sum((i - mean_x) ** 2 for i in range(n))
+    sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
+    return sxy / sxx
 
 
 def _batch_model(facts: MemoryFacts, batch: int | None, demand: int | None) -> None:
@@ -399,10 +415,41 @@ def _profile_facts(record: RunRecord, steps: int) -> ProfileFacts:
     return facts
 
 
+def _busy_outside_window(run: RunFacts) -> None:
+    """The window's kernel time per step against the step time measured outside it.
+
+    The profiler adds host time to every launch, so a launch-bound step is slower inside the
+    window than outside; kernels run about as long either way. The loader wait and the GPU
+    time of pageable copies are then taken out of the step, to tell how busy the GPU would be
+    without them and how much idle time they leave unexplained: GT105 fires beside GT102 and
+    GT103 when that rest of the step is launch-bound on its own."""
+    profile = run.profile
+    kernel, step = profile.kernel_time_per_step, run.step_time
+    if kernel is None or not step:
+        reason = (profile.reason or "no profiler window") if kernel is None else "no steady steps"
+        for name in ("busy_percent_unprofiled", "busy_percent_without_waits",
+                     "idle_without_waits_percent"):
+            profile.mark_unknown(name, reason)
+        return
+    profile.busy_percent_unprofiled = round(min(100.0, 100.0 * kernel / step), 2)
+    wait = run.loader.wait_per_step or 0.0
+    copies = (profile.h2d_pageable_percent or 0.0) / 100.0 * (profile.step_time or 0.0)
+    rest = step - wait - copies
+    if rest <= 0:
+        profile.mark_unknown("busy_percent_without_waits",
+                             "the loader wait and pageable copies fill the whole step")
+        profile.idle_without_waits_percent = 0.0
+        return
+    profile.busy_percent_without_waits = round(min(100.0, 100.0 * kernel / rest), 2)
+    profile.idle_without_waits_percent = round(100.0 * max(0.0, rest - kernel) / step, 2)
+
+
 def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
     from pytest_gputrain.collect.sampler import summarise
 
     facts = NvmlRunFacts(index=timeline.index)
+    facts.power_limit = timeline.power_limit
+    facts.power_limit_default = timeline.power_limit_default
     samples = timeline.samples
     facts.samples = len(samples)
     if not samples:

@@ -168,6 +168,7 @@ class AllocatorReadings:
     # The test's own peaks read just before it reset the allocator's peak statistics itself
     # (gpu_benchmark, torch.cuda.reset_peak_memory_stats): the highest, by memory_stats key.
     peaks_before_reset: dict[str, int] = field(default_factory=dict)
+    backend: str | None = None  # torch.cuda.get_allocator_backend() at the first CUDA step
 
 
 @dataclass(slots=True)
@@ -183,6 +184,8 @@ class NvmlTimeline:
     session_pids: set[int] = field(default_factory=set)
     pids_read: float = 0.0  # clock when session_pids was last refreshed
     before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
+    power_limit: float | None = None  # W, enforced, read once when sampling starts
+    power_limit_default: float | None = None  # W, the board's default limit
 
 
 @dataclass(slots=True)
@@ -232,3 +235,5 @@ class RunRecord:
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
+    # The test's parameters name a CPU device (read from pytest before the test runs).
+    cpu_parametrized: bool | None = None
