@@ -404,6 +404,19 @@ def test_exceptions_wrapping_a_gpu_error_are_diagnosed_by_the_cause() -> None:
     assert failure_kinds.classify_exception(ValueError("plain")) == "not_gpu"
 
 
+def test_a_rank_failure_is_left_to_the_launchers_diagnosis() -> None:
+    class RankFailure(Exception):
+        pass
+
+    try:
+        try:
+            raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error")
+        except RuntimeError as inner:
+            raise RankFailure("rank 1 failed (backend nccl)") from inner
+    except RankFailure as outer:
+        assert failure_kinds.classify_exception(outer) == "not_gpu"
+
+
 @pytest.mark.parametrize(("message", "expected"), [
     ("Input type (torch.cuda.HalfTensor) and weight type (torch.cuda.FloatTensor) should be the "
      "same", ["float16", "float32"]),

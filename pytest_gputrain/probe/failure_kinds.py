@@ -155,7 +155,7 @@ _MAX_CHAIN = 5
 def classify(exc_type: str, message: str) -> FailureKind:
     """The kind of GPU failure an exception is ('not_gpu' when it is none)."""
     text = f"{exc_type}: {message}".lower()
-    if exc_type.rsplit(".", 1)[-1] in ("RankFailure", "RankTimeout"):
+    if _is_rank_failure(exc_type):
         return "not_gpu"  # the distributed launcher's own diagnosis (GT308) has the rank detail
     if exc_type.rsplit(".", 1)[-1] == "OutOfMemoryError" and "cuda" in text:
         return "oom"
@@ -171,6 +171,10 @@ def classify(exc_type: str, message: str) -> FailureKind:
                 return "cuda_other"  # a CUDA error inside compiled code: the context is suspect
             return kind
     return "not_gpu"
+
+
+def _is_rank_failure(exc_type: str) -> bool:
+    return exc_type.rsplit(".", 1)[-1] in ("RankFailure", "RankTimeout")
 
 
 def _matches(kind: FailureKind, text: str) -> bool:
@@ -196,6 +200,8 @@ def failing_exception(exc: BaseException) -> tuple[FailureKind, BaseException]:
     unsuppressed context (an exception raised while handling another) that is, so that a
     framework that wraps a CUDA error in its own exception is still diagnosed.
     """
+    if _is_rank_failure(type_name(exc)):
+        return "not_gpu", exc  # the launcher's diagnosis (GT308) covers the ranks' causes
     current: BaseException | None = exc
     seen: set[int] = set()
     while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
