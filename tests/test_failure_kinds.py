@@ -10,9 +10,12 @@ from the wording users report. Each case names its source.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -169,6 +172,10 @@ CASES: list[tuple[str, str, str]] = [
      "call last):\n  File \".../torch/cuda/__init__.py\", line 518, in _lazy_init\n    raise "
      "RuntimeError(\nRuntimeError: Cannot re-initialize CUDA in forked subprocess. To use "
      "CUDA with multiprocessing, you must use the 'spawn' start method\n", "cuda_fork"),
+    ("RuntimeError",  # a worker that reached the CUDA runtime without torch's fork check
+     "Caught RuntimeError in DataLoader worker process 1.\nOriginal Traceback (most recent "
+     "call last):\nRuntimeError: CUDA error: initialization error\nCUDA kernel errors might be "
+     "asynchronously reported at some other API call", "cuda_fork"),
     ("RuntimeError", "DataLoader worker (pid(s) 31707) exited unexpectedly", "loader_worker"),
     ("RuntimeError",
      "DataLoader worker (pid 2113) is killed by signal: Bus error. It is possible that "
@@ -324,16 +331,30 @@ def test_nondeterministic_operation_raised_on_the_cpu() -> None:
     assert facts.operation == "put_" and not facts.sticky
 
 
-def test_compile_errors_raised_by_dynamo() -> None:
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        print("activations", x.shape)  # a graph break: fullgraph=True raises
-        return x * 2
+DYNAMO_FULLGRAPH_BREAK = """
+import json, torch
 
-    compiled = torch.compile(forward, fullgraph=True)
-    exc = _raised(lambda: compiled(torch.randn(4, 8)))
-    facts = failures.build_failure("t::compile", "call", exc, exc.__traceback__)
-    assert facts is not None and facts.kind == "compile"
-    assert facts.exc_type.startswith("torch._dynamo.exc.") and facts.compile_stage == "dynamo"
+def forward(x):
+    print("activations", x.shape)  # a graph break: fullgraph=True raises
+    return x * 2
+
+try:
+    torch.compile(forward, fullgraph=True)(torch.randn(4, 8))
+except Exception as exc:
+    kind = type(exc)
+    print(json.dumps([f"{kind.__module__}.{kind.__qualname__}", str(exc)]))
+"""
+
+
+def test_compile_errors_raised_by_dynamo() -> None:
+    # In a process of its own: torch.compile's imports do not survive the module juggling of
+    # other tests in this session.
+    done = subprocess.run([sys.executable, "-c", DYNAMO_FULLGRAPH_BREAK], capture_output=True,
+                          text=True, timeout=300, check=True)
+    exc_type, message = json.loads(done.stdout.strip().splitlines()[-1])
+    assert exc_type.startswith("torch._dynamo.exc.")
+    assert failure_kinds.classify(exc_type, message) == "compile"
+    assert failure_kinds.compile_stage(exc_type, message) == "dynamo"
 
 
 # -- DataLoader workers that die: raised for real on the CPU --------------------------------

@@ -85,7 +85,10 @@ _PATTERNS: Final[tuple[tuple[FailureKind, tuple[Pattern, ...]], ...]] = (
         "cuda graphs must be captured on a non-default stream",
     )),
     ("cuda_fork", ("cannot re-initialize cuda in forked subprocess",
-                   "you must use the 'spawn' start method")),
+                   "you must use the 'spawn' start method",
+                   # a worker that reached the CUDA runtime without torch's fork check
+                   re.compile(r"in dataloader worker process \d+.*cuda error: initialization "
+                              r"error", re.DOTALL))),
     ("cuda_unavailable", (
         "torch not compiled with cuda enabled", "not compiled with cuda support",
         "found no nvidia driver on your system", "no cuda gpus are available",

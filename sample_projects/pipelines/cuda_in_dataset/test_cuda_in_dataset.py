@@ -1,7 +1,7 @@
 """Failure on purpose: the Dataset builds CUDA tensors, and the DataLoader forks workers.
 
-A sensor-window classifier whose ``Dataset.__getitem__`` already returns ``device="cuda"``
-tensors ("saves a copy later"). With ``num_workers=0`` that works; with two workers it does not:
+A sensor-window classifier whose ``Dataset.__getitem__`` already moves each sample to the GPU
+("saves a copy later"). With ``num_workers=0`` that works; with two workers it does not:
 the model is on the GPU, so this process has started CUDA, and the workers are forked from it.
 The first CUDA call in a worker raises ``RuntimeError: Cannot re-initialize CUDA in forked
 subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method``, which the
@@ -42,9 +42,8 @@ class SensorWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # fault: CUDA tensors built in the (forked) worker process
-        window = torch.as_tensor(self.signals[index], device=DEVICE)
-        return window, torch.as_tensor(self.labels[index], device=DEVICE)
+        # fault: CUDA tensors made in the (forked) worker process
+        return self.signals[index].to(DEVICE), self.labels[index].to(DEVICE)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
