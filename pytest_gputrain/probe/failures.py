@@ -1,7 +1,8 @@
 """GPU failures: classify the exception, read what can still be read, never touch a dead context.
 
-Classification works on the exception's type name and text alone, so a recorded failure (or a
-synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the same way anywhere. After
+Classification (``failure_kinds.py``) works on the exception's type name and text alone, so a
+recorded failure (or a synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the
+same way anywhere; this module adds what the traceback, the allocator and NVML tell. After
 a *sticky* error (illegal memory access, device-side assert, launch failure, any unrecognised
 CUDA error) the CUDA context is unusable and every further CUDA call fails or hangs: nothing is
 asked of CUDA then; NVML (a separate library) may still be read.
