@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -394,7 +393,9 @@ def test_a_worker_killed_by_a_bus_error() -> None:
     assert facts.in_loader_worker
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
 def test_workers_out_of_file_descriptors() -> None:
+    resource = pytest.importorskip("resource")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     headroom = len(os.listdir("/proc/self/fd")) + 48
     loader = torch.utils.data.DataLoader(_ManyTensorsDataset(), batch_size=8, num_workers=2)
