@@ -37,6 +37,16 @@ FailureKind = Literal[
     "device_side_assert",
     "launch_failure",
     "nccl",
+    "graph_capture",
+    "cuda_fork",
+    "cuda_unavailable",
+    "numpy_on_cuda",
+    "dtype_mismatch",
+    "nondeterministic_op",
+    "loader_worker",
+    "cudnn_no_algorithm",
+    "library_init",
+    "compile",
     "cudnn",
     "cublas",
     "cuda_other",
@@ -401,7 +411,28 @@ class FailureFacts(FactGroup):
     dsa_enabled: bool | None = fact(doc="TORCH_USE_CUDA_DSA was set")
     nccl_error: str | None = fact(doc="NCCL error class from the message (unhandled cuda error, "
                                       "system error, internal error, invalid usage, remote "
-                                      "error, timeout)")
+                                      "error, timeout, duplicate gpu)")
+    # What the message names, per kind (failure_kinds.py)
+    status: str | None = fact(doc="status a cuDNN / cuBLAS / CUDA error names, e.g. "
+                                  "CUBLAS_STATUS_EXECUTION_FAILED")
+    driver_problem: str | None = fact(doc="driver_too_old: too_old, ptx_newer_than_driver, "
+                                          "driver_library_mismatch or compat_unsupported")
+    operation: str | None = fact(doc="nondeterministic_op: the operation without a "
+                                     "deterministic implementation")
+    cublas_workspace_config: str | None = fact(doc="CUBLAS_WORKSPACE_CONFIG at the failure")
+    in_loader_worker: bool | None = fact(doc="raised inside a DataLoader worker process")
+    loader_cause: str | None = fact(doc="loader_worker: shared_memory, host_memory, open_files "
+                                        "or crashed")
+    signal: str | None = fact(doc="signal that killed a DataLoader worker ('Bus error', "
+                                  "'Killed')")
+    compile_stage: str | None = fact(doc="compile: the stage that failed (dynamo, aot, "
+                                         "inductor, triton)")
+    dtypes: list[str] = Field(default_factory=list, description="dtypes named in the message")
+    cuda_involved: bool | None = fact(doc="the message names CUDA, or the failing module's "
+                                          "parameters or inputs were on a CUDA device")
+    cuda_unavailable_cause: str | None = fact(
+        doc="cuda_unavailable: cpu_only_build, no_driver, gpus_hidden, busy, init_failed or "
+            "no_gpu")
     world_size: int | None = fact(doc="WORLD_SIZE of the failing process")
     rank: int | None = fact(doc="RANK of the failing process")
     local_world_size: int | None = fact(doc="LOCAL_WORLD_SIZE of the failing process")

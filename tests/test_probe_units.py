@@ -59,7 +59,7 @@ MiB = 2**20
     ("RuntimeError", "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`",
      "cublas"),
     ("RuntimeError", "CUDA error: operation not permitted when stream is capturing",
-     "cuda_other"),
+     "graph_capture"),
     ("AssertionError", "assert 0.61 >= 0.8", "not_gpu"),
     ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (4x3 and 4x2)", "not_gpu"),
     ("ValueError", "could not read /data/nccl_free_dataset.csv", "not_gpu"),

@@ -5,6 +5,9 @@ its CUDA context (device_assert) or caps its memory fraction cannot affect anoth
 warning or error level in run or failure scope must equal the sample's ``expect`` exactly;
 session and device findings describe the machine, not the pipeline, and are left out.
 
+A sample's ``env`` table (variable -> string) is set in its process's environment, for faults
+that must be in place before torch starts (``CUDA_VISIBLE_DEVICES``).
+
 Each test prints ``SAMPLE <name>: <codes>``; with ``GPUTRAIN_SAMPLE_TABLE=<path>`` set, a
 Markdown table of all samples run so far is (re)written there after each one.
 """
@@ -73,6 +76,16 @@ def _outcome(returncode: int, stdout: str) -> str:
     return {0: "passed", 1: "failed"}.get(returncode, f"exit {returncode}")
 
 
+def sample_env(name: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The environment of a sample's process: this one's, plus the sample's ``env`` table."""
+    extra = spec.get("env", {})
+    if not isinstance(extra, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in extra.items()):
+        raise ValueError(f"EXPECTED.toml [{name}]: env must be a table of strings, e.g. "
+                         f'env = {{ CUDA_VISIBLE_DEVICES = "" }}, got {extra!r}')
+    return {**os.environ, **extra}
+
+
 def _codes(findings: list[dict[str, Any]], severities: set[str]) -> list[str]:
     return sorted({f["code"] for f in findings
                    if f["scope"] in PIPELINE_SCOPES and f["severity"] in severities})
@@ -109,7 +122,8 @@ def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=PIPELINES.parents[1], capture_output=True,
-                              text=True, timeout=TIMEOUT_S, check=False)
+                              text=True, timeout=TIMEOUT_S, check=False,
+                              env=sample_env(name, spec))
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"sample {name} ran past {TIMEOUT_S} s:\n{exc.stdout or ''}")
     wall_s = time.perf_counter() - started
