@@ -95,6 +95,8 @@ class LoaderFacts(FactGroup):
     prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
     batch_size: int | None = fact(doc="batch_size of the main loader")
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
+    batch_small_tensors: int | None = fact(
+        doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
     epochs: int | None = fact(doc="iterators the main loader created (epochs)")
     batches: int = fact(doc="batches fetched from all loaders", default=0)
     wait_total: float = fact("s", "time blocked in DataLoader __next__, all loaders", default=0.0)

@@ -623,3 +623,14 @@ def test_compile_and_ddp_findings(pytester: pytest.Pytester) -> None:
     assert "GT309" in codes["test_ddp_accumulation_without_no_sync"]
     unused = codes["test_ddp_accumulation_with_no_sync_and_unused_search"]
     assert "GT310" in unused and "GT309" not in unused
+
+
+def test_small_host_tensors_of_a_loader_batch_are_counted() -> None:
+    from pytest_gputrain.probe.loader import small_host_tensors
+
+    batch = {"input_ids": torch.zeros(32, 128, dtype=torch.long),  # 32 KiB
+             "mask": torch.ones(32, 128, dtype=torch.bool), "labels": torch.zeros(32),
+             "images": torch.zeros(32, 3, 64, 64), "meta": ["a", "b"]}
+    assert small_host_tensors(batch) == 3
+    assert small_host_tensors((torch.zeros(8), [torch.zeros(2), torch.zeros(20000)])) == 2
+    assert small_host_tensors("text") == 0

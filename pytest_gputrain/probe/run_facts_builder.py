@@ -199,6 +199,7 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         facts.prefetch_factor = main.prefetch_factor
         facts.batch_size = main.batch_size
         facts.batch_pinned = main.batch_pinned
+        facts.batch_small_tensors = main.batch_small_tensors
         facts.epochs = main.iterators
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)
