@@ -119,6 +119,23 @@ def test_batch_norm_recalibration_is_not_evaluation() -> None:
     assert facts.mode_layers == 2 and facts.eval_forwards_in_train_mode == 0
 
 
+def test_a_frozen_teacher_in_training_mode_is_not_evaluation() -> None:
+    def train() -> None:
+        student, teacher = Net(), Net()
+        teacher.requires_grad_(False)  # an EMA / teacher copy, run in training mode on purpose
+        optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+        for _ in range(4):
+            x = torch.randn(4, 8)
+            with torch.no_grad():
+                target = teacher(x)
+            optimizer.zero_grad()
+            (student(x) - target).square().mean().backward()
+            optimizer.step()
+
+    facts = _probe_run(train)
+    assert facts.mode_layers == 4 and facts.eval_forwards_in_train_mode == 0
+
+
 def test_the_mode_of_a_compiled_model_is_the_wrapped_models() -> None:
     def train() -> None:
         model = Net()

@@ -350,7 +350,7 @@ class RunProbe:
             state.training_calls += 1
         checks = state.checks
         if checks is not None:
-            self._check_forward(checks, module, grad)
+            self._check_forward(checks, state, module, grad)
         if state.first_param is not None and state.first_param.device != state.first_device:
             state.scan(module)  # the model moved since its last forward
         forwards.last = (state.name, state.param_devices, [], grad)
@@ -575,22 +575,31 @@ class RunProbe:
             return None
         return ModuleChecks(layers, module_readings.innermost(module), ddp, batch_norm)
 
-    def _check_forward(self, checks: ModuleChecks, module: Any, grad: bool) -> None:
+    def _check_forward(self, checks: ModuleChecks, state: ModuleState, module: Any,
+                       grad: bool) -> None:
         record = self.record
         if checks.mode_layers:
             target = checks.target()
             training = bool(getattr(target, "training", False))
             if grad and not training:
                 record.modes.graph_pending = id(module)
-            elif training and not grad:
-                norm = checks.batch_norm() if checks.batch_norm is not None else None
-                # update_bn (SWA) recalibrates batch norm this way on purpose, momentum None
-                if norm is None or norm.momentum is not None:
-                    record.modes.eval_in_train += 1
+            elif training and not grad and self._is_evaluation(checks, state):
+                record.modes.eval_in_train += 1
         if checks.ddp is not None and grad:
             ddp = checks.ddp()
             if ddp is not None:
                 self._ddp_forward(ddp)
+
+    @staticmethod
+    def _is_evaluation(checks: ModuleChecks, state: ModuleState) -> bool:
+        """A no-grad forward in training mode evaluates the model, except for a frozen model
+        (an EMA or teacher copy: parameters without requires_grad) and batch-norm
+        recalibration (``update_bn`` sets momentum None on purpose)."""
+        first = state.first_param
+        if first is not None and not first.requires_grad:
+            return False
+        norm = checks.batch_norm() if checks.batch_norm is not None else None
+        return norm is None or norm.momentum is not None
 
     def _ddp_forward(self, ddp: Any) -> None:
         readings = self.record.ddp
