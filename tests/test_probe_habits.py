@@ -376,6 +376,25 @@ def test_compile_facts_from_counter_readings() -> None:
     assert facts.recompile_steps_percent == pytest.approx(100 * 2 / 18, abs=0.01)
 
 
+def test_a_reset_of_dynamos_counters_during_the_test_counts_from_zero() -> None:
+    def train() -> None:
+        torch._dynamo.reset()  # what compile test suites do first
+        model = torch.compile(torch.nn.Linear(4, 2), backend="eager", dynamic=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for size in range(1, 13):
+            model(torch.randn(size, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    warm_up = torch.compile(torch.nn.Linear(3, 3), backend="eager", dynamic=False)
+    for size in range(1, 10):  # earlier compiles in the process, limit hit included
+        warm_up(torch.randn(size, 3))
+    facts = _probe_run(train).compile
+    assert facts.unique_graphs == 8 and facts.recompile_limit_hits == 1
+    assert facts.frames_compiled is not None and facts.frames_compiled >= 9
+    assert facts.recompile_reasons and "size mismatch" in facts.recompile_reasons[0]
+
+
 def test_no_dynamo_means_no_compile() -> None:
     probe = _cuda_record_probe(20)
     facts = probe.facts().compile

@@ -4,8 +4,10 @@ Dynamo keeps process-wide counters (``torch._dynamo.utils.counters``): frames it
 compile and those that compiled, graphs, graph breaks by reason, "unimplemented" entries (the
 recompile limit among them), and the guard failures that made it recompile
 (``guard_failures``). The probe reads them at the start of a test, after its warm-up steps and at
-its end; the test's own activity is the difference. Nothing here imports dynamo: a process that
-never compiled has no counters to read (``None``).
+its end; the test's own activity is the difference. A test that calls ``torch._dynamo.reset()``
+clears them; a reading keeps the counter object it read, so a later reading can tell (the
+cleared counters are new objects) and count from zero. Nothing here imports dynamo: a process
+that never compiled has no counters to read (``None``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ class DynamoCounters:
     guard_failures: dict[Any, int] = field(default_factory=dict)  # code object -> reasons
     compile_time: float = 0.0
     suppress_errors: bool | None = None
+    # The frames Counter itself (kept alive, so identity tells a reset apart from no change).
+    frames_counter: Any = None
+
+    def since(self, earlier: DynamoCounters | None) -> DynamoCounters:
+        """The baseline to subtract from this reading: ``earlier``, or zeros when there was
+        none or dynamo's counters were reset in between."""
+        if earlier is None or earlier.frames_counter is not self.frames_counter:
+            return DynamoCounters(frames_counter=self.frames_counter)
+        return earlier
 
 
 def read_counters() -> DynamoCounters | None:
@@ -45,7 +56,8 @@ def read_counters() -> DynamoCounters | None:
     counters = getattr(utils, "counters", None)
     if counters is None:
         return None
-    frames = counters.get("frames") or {}
+    frames_counter = counters.get("frames")
+    frames = frames_counter or {}
     stats = counters.get("stats") or {}
     failures = getattr(utils, "guard_failures", None) or {}
     return DynamoCounters(
@@ -58,6 +70,7 @@ def read_counters() -> DynamoCounters | None:
         guard_failures={code: len(reasons) for code, reasons in list(failures.items())},
         compile_time=_compile_time(getattr(utils, "compilation_time_metrics", None) or {}),
         suppress_errors=suppress_errors(),
+        frames_counter=frames_counter,
     )
 
 
@@ -73,6 +86,8 @@ def new_guard_failures(start: DynamoCounters | None) -> list[str]:
     utils = sys.modules.get("torch._dynamo.utils")
     failures = getattr(utils, "guard_failures", None) or {}
     before = start.guard_failures if start is not None else {}
+    if any(len(failures.get(code, ())) < count for code, count in before.items()):
+        before = {}  # cleared by torch._dynamo.reset(): every entry is new
     reasons: list[str] = []
     kinds: set[str] = set()
     for code, entries in list(failures.items()):
