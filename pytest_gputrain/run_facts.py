@@ -105,6 +105,8 @@ class LoaderFacts(FactGroup):
     prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
     batch_size: int | None = fact(doc="batch_size of the main loader")
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
+    batch_small_tensors: int | None = fact(
+        doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
     epochs: int | None = fact(doc="iterators the main loader created (epochs)")
     batches: int = fact(doc="batches fetched from all loaders", default=0)
     wait_total: float = fact("s", "time blocked in DataLoader __next__, all loaders", default=0.0)
@@ -172,6 +174,12 @@ class MemoryFacts(FactGroup):
     per_sample: float | None = fact("bytes", "(peak reserved - steady allocated) / batch size")
     oom_batch_estimate: int | None = fact(
         doc="batch size at which peak reserved would exceed the budget (linear model)")
+    device_allocs_steady: int | None = fact(
+        doc="cudaMalloc calls by the caching allocator after warm-up (num_device_alloc)")
+    device_frees_steady: int | None = fact(
+        doc="cudaFree calls by the caching allocator after warm-up, not made by empty_cache()")
+    device_allocs_per_step: float | None = fact(
+        doc="device_allocs_steady per optimizer step after warm-up")
 
 
 class SyncFacts(FactGroup):
@@ -229,6 +237,13 @@ class ProfileFacts(FactGroup):
     graph_launches_per_step: float | None = fact(doc="CUDA graph launches per step")
     host_wait_percent: float | None = fact(
         "%", "GPU idle time where the next kernel was launched only after the GPU went idle")
+    h2d_small_copies_per_step: float | None = fact(
+        doc="host-to-device copies under 64 KiB per step (tensors built on the host)")
+    h2d_small_host_percent: float | None = fact(
+        "%", "host time in the runtime calls of those copies and the syncs right after them "
+             "/ wall")
+    h2d_small_syncs_per_step: float | None = fact(
+        doc="cuda*Synchronize calls per step made right after a small host-to-device copy")
     top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
 
 
@@ -257,6 +272,76 @@ class NvmlRunFacts(FactGroup):
     power_cap_percent: float | None = fact("%", "samples held by the software power cap")
     power_limit: float | None = fact("W", "enforced power limit when sampling started")
     power_limit_default: float | None = fact("W", "the board's default power limit")
+
+
+class CompileFacts(FactGroup):
+    """torch.compile during the test: dynamo's counters (``torch._dynamo.utils.counters``) read
+    at the start, after the warm-up steps and at the end, and the compiles per step."""
+
+    used: bool | None = fact(doc="a compiled module was called or dynamo compiled a frame")
+    compiled_calls: int | None = fact(doc="top-level calls of compiled modules (OptimizedModule)")
+    frames_compiled: int | None = fact(doc="frames dynamo tried to compile during the test")
+    frames_after_warmup: int | None = fact(doc="of those, frames tried after the warm-up steps")
+    frames_failed: int | None = fact(
+        doc="frames that failed to compile and ran eagerly (frames total - ok)")
+    compiles: int | None = fact(doc="compilations started during the test (dynamo callbacks)")
+    steps_with_compile: int | None = fact(doc="optimizer steps after warm-up in which a "
+                                              "compilation started")
+    recompile_steps_percent: float | None = fact(
+        "%", "steps_with_compile / optimizer steps after warm-up")
+    recompile_limit_hits: int | None = fact(
+        doc="frames that hit the recompile limit (recompile_limit, formerly cache_size_limit) "
+            "and now run eagerly")
+    recompile_reasons: list[str] = Field(
+        default_factory=list, description="guard failures that caused recompiles (first line, "
+                                          "at most 5 distinct)")
+    unique_graphs: int | None = fact(doc="graphs compiled during the test")
+    graph_breaks: int | None = fact(doc="graph breaks during the test")
+    graph_break_reasons: list[str] = Field(
+        default_factory=list, description="graph break reasons, most frequent first (first "
+                                          "line, at most 5)")
+    suppress_errors: bool | None = fact(
+        doc="torch._dynamo.config.suppress_errors was on while the test trained")
+    compile_time: float | None = fact("s", "time dynamo spent compiling frames")
+    wraps_ddp: bool | None = fact(
+        doc="a compiled module wraps DistributedDataParallel or FullyShardedDataParallel")
+    wrapped_modules: list[str] = Field(
+        default_factory=list, description="class names of the modules torch.compile wrapped")
+
+
+class OptimizerFacts(FactGroup):
+    """The main optimizer: its implementation, the host time of its step, and zero_grad."""
+
+    name: str | None = fact(doc="class of the main optimizer")
+    foreach: bool | None = fact(
+        doc="foreach as configured (None: torch's default, multi-tensor on CUDA)")
+    fused: bool | None = fact(doc="fused as configured")
+    param_tensors: int | None = fact(doc="parameter tensors the optimizer updates")
+    step_host_time: float | None = fact("s", "median host time of optimizer.step() (steady)")
+    step_host_percent: float | None = fact("%", "step_host_time / run.step_time")
+    zero_grad_calls: int = fact(doc="Optimizer.zero_grad / Module.zero_grad calls", default=0)
+    zero_grad_to_zeros: int = fact(
+        doc="of those, calls with set_to_none=False (gradients filled with zeros)", default=0)
+
+
+class DdpFacts(FactGroup):
+    """DistributedDataParallel modules trained in the test (top-level forwards of a DDP
+    module, and DDP's own logging data)."""
+
+    used: bool | None = fact(doc="a DistributedDataParallel module ran a forward")
+    world_size: int | None = fact(doc="processes in the DDP module's process group")
+    forwards_per_step: float | None = fact(
+        doc="median grad-mode DDP forwards per optimizer step (steady)")
+    synced_forwards_per_step: float | None = fact(
+        doc="median of those whose backward all-reduces (require_backward_grad_sync: not "
+            "inside no_sync())")
+    find_unused_parameters: bool | None = fact(doc="DDP(find_unused_parameters=True)")
+    unused_parameter_size: int | None = fact(
+        "bytes", "parameters DDP found unused in the last sampled iteration")
+    logged_iteration: int | None = fact(doc="DDP iteration of the logging data read")
+    comm_time: float | None = fact("s", "DDP's average backward communication time")
+    comm_overlap_time: float | None = fact(
+        "s", "DDP's average backward computation overlapped with communication")
 
 
 class ForwardRecord(BaseModel):
@@ -344,11 +429,24 @@ class RunFacts(FactGroup):
     gradcheck_calls: int = fact(
         doc="torch.autograd.gradcheck/gradgradcheck calls after the first optimizer step",
         default=0)
+    mode_layers: int | None = fact(
+        doc="layers that behave differently in train and eval mode (dropout p > 0, batch "
+            "norm with running statistics, RNN dropout) in the top-level modules")
+    eval_forwards_in_train_mode: int | None = fact(
+        doc="no_grad/inference_mode forwards of modules with such layers in training mode")
+    trained_forwards_in_eval_mode: int | None = fact(
+        doc="forwards in eval mode of modules with such layers that a backward went through")
+    empty_cache_calls: int = fact(doc="torch.cuda.empty_cache() calls", default=0)
+    empty_cache_steps_percent: float | None = fact(
+        "%", "optimizer steps after warm-up in which empty_cache() was called")
     loader: LoaderFacts = Field(default_factory=LoaderFacts)
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
     sync: SyncFacts = Field(default_factory=SyncFacts)
     profile: ProfileFacts = Field(default_factory=ProfileFacts)
     nvml: NvmlRunFacts = Field(default_factory=NvmlRunFacts)
+    compile: CompileFacts = Field(default_factory=CompileFacts)
+    optimizer: OptimizerFacts = Field(default_factory=OptimizerFacts)
+    ddp: DdpFacts = Field(default_factory=DdpFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

@@ -83,3 +83,15 @@ def read_backend_flags(torch: Any) -> dict[str, Any]:
     except Exception:
         pass
     return flags
+
+
+DEVICE_CALL_KEYS = ("num_device_alloc", "num_device_free")
+
+
+def device_calls(torch: Any, index: int) -> dict[str, int] | None:
+    """The caching allocator's cudaMalloc / cudaFree call counters (None where this torch or
+    allocator backend has none, e.g. cudaMallocAsync)."""
+    stats = torch.cuda.memory_stats(index)
+    if not all(key in stats for key in DEVICE_CALL_KEYS):
+        return None
+    return {key: int(stats[key]) for key in DEVICE_CALL_KEYS}

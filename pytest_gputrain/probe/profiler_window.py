@@ -14,6 +14,8 @@ records GPU activity (kernels, copies) and the CUDA runtime calls that launched 
   device-to-host copies, which wait the same way);
 - kernel time per step (so that busy time can be judged against the step time measured outside
   the window: the profiler's callbacks slow every launch) and CUDA graph launches per step.
+- small host-to-device copies (tensors built on the host every step) and the host time of their
+  runtime calls, with the synchronisation a blocking copy makes right after (``small_copies``).
 
 ``analyse`` is a pure function over plain event records, so it is tested on CPU machines.
 """
@@ -56,6 +58,8 @@ LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "c
                    "cuMemcpy", "cuMemset")
 _BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
+SMALL_COPY_BYTES = 64 * 1024  # Nsight Systems' boundary for small memory transfers
+SYNC_AFTER_COPY_NS = 100_000  # a blocking copy's own stream sync follows it at once
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,43 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
         "host_wait_percent": round(100.0 * waits[1] / waits[0], 2) if waits and waits[0] else None,
         "top_kernels": [f"{name[:120]} ({ns / 1e6:.2f} ms)" for name, ns in top],
     }
+    facts.update(small_copies(copies, runtime, wall_ns, steps))
     return facts
+
+
+def small_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall_ns: int,
+                 steps: int) -> dict[str, Any]:
+    """Host-to-device copies under 64 KiB: how many per step, and the host time of the runtime
+    calls that made them plus the stream synchronisation each blocking copy makes right after
+    (``Tensor.cuda()`` / ``.to("cuda")`` of a host tensor: ``cudaMemcpyAsync`` then
+    ``cudaStreamSynchronize``). Empty (facts unknown) when no copy carries its size."""
+    h2d = [e for e in copies if "HtoD" in e.name]
+    if h2d and not any(e.nbytes for e in h2d):
+        return {}
+    small = [e for e in h2d if 0 < e.nbytes < SMALL_COPY_BYTES]
+    ordered = sorted(runtime, key=lambda e: e.start_ns)
+    position = {id(event): i for i, event in enumerate(ordered)}
+    calls = {e.correlation: e for e in ordered
+             if e.correlation and e.name.startswith(("cudaMemcpy", "cuMemcpy"))}
+    host_ns = syncs = 0
+    for copy in small:
+        call = calls.get(copy.correlation)
+        if call is None:
+            continue
+        host_ns += call.end_ns - call.start_ns
+        index = position[id(call)]
+        for after in ordered[index + 1:index + 4]:
+            if after.start_ns - call.end_ns > SYNC_AFTER_COPY_NS:
+                break
+            if after.name in SYNC_CALLS:
+                host_ns += after.end_ns - after.start_ns
+                syncs += 1
+                break
+    return {
+        "h2d_small_copies_per_step": round(len(small) / steps, 2),
+        "h2d_small_host_percent": round(100.0 * host_ns / wall_ns, 2),
+        "h2d_small_syncs_per_step": round(syncs / steps, 2),
+    }
 
 
 def _event_bytes(event: Any) -> int:

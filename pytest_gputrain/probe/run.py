@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pytest_gputrain.probe import oom_observer, settings
+from pytest_gputrain.probe import compile_readings, module_readings, oom_observer, settings
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.cuda_readings import (
     allocated_reader,
     allocator_backend,
     device_budget,
+    device_calls,
     memory_stats,
     read_backend_flags,
 )
@@ -34,6 +35,7 @@ from pytest_gputrain.probe.run_record import (
     MAX_OOM_MOMENTS,
     MAX_SHAPES_SEEN,
     LoaderWaits,
+    ModuleChecks,
     ModuleState,
     OomMoment,
     RunRecord,
@@ -82,6 +84,12 @@ class RunProbe:
         self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
         self._anomaly_enabled = torch.is_anomaly_enabled
         self._profiler_enabled = _profiler_probe(torch)
+        # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
+        # over, the allocator's cudaMalloc/cudaFree counters once the profiler window is too.
+        self.record.cache.mark_step = max(warmup, self._window_last) + 1
+        self._milestones = sorted(step for step in {warmup, self.record.cache.mark_step}
+                                  if step >= 1)
+        self._next_milestone = self._milestones[0]
 
     @property
     def errors(self) -> list[str]:
@@ -124,6 +132,10 @@ class RunProbe:
             record.errors.append(f"reading the allocator at the start: {exc}")
         oom_observer.set_target(self.on_oom)
         try:
+            record.compile.start = compile_readings.read_counters()
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the start: {exc}")
+        try:
             self.install.install()
         except Exception as exc:
             self._fail("installing the probe", exc)
@@ -152,6 +164,7 @@ class RunProbe:
             self._stop_window(len(record.steps.times), cuda_ok=cuda_ok)
         self._count_graph_outputs()
         record.nvml.before_stop = len(record.nvml.samples)
+        self._final_readings(cuda_ok)
         if record.nvml.index is not None:
             try:
                 self._nvml_sample(_perf())
@@ -190,6 +203,9 @@ class RunProbe:
         with contextlib.suppress(Exception):
             self.install.disarm()
 
+    def on_optimizer_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.record.optimizer.step_started = _perf()
+
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled or self._compiling():
             return
@@ -205,6 +221,7 @@ class RunProbe:
                     return
                 self._first_step(optimizer)
             now = _perf()
+            record.optimizer.host_times.append(now - record.optimizer.step_started)
             steps, loader, syncs = record.steps, record.loader, record.syncs
             read_allocated = self._read_allocated
             if read_allocated is not None:
@@ -229,6 +246,8 @@ class RunProbe:
                 record.settings.user_profiler_steps += 1
             if count <= 2 or window is not None or count % _SETTINGS_EVERY == 0:
                 self._read_settings(count)  # settings.wanted(), inlined
+            if count == self._next_milestone:
+                self._milestone(count)
             if window is not None:
                 if count >= self._window_last:
                     self._stop_window(count - window.first_step + 1)
@@ -280,9 +299,12 @@ class RunProbe:
             self.kwargs_pending = False
             forwards = self.record.forwards
             state = forwards.modules.get(id(module))
+            modes = self.record.modes
             if state is not None and state.parameters and self.torch.is_grad_enabled() \
                     and len(forwards.graph_outputs) < MAX_GRAPH_OUTPUTS:
-                self._watch_graph(output)  # models only: a loss module's graph is its input's
+                cell = self._watch_graph(output)  # models only: a loss module's graph is its
+                if cell is not None and modes.graph_pending == id(module):  # input's
+                    modes.eval_graph_outputs.append(cell)
             if not self.in_backward:
                 self.install.arm()
         except Exception as exc:
@@ -422,6 +444,9 @@ class RunProbe:
             forwards.autocast += 1
         if getattr(module, "training", False):
             state.training_calls += 1
+        checks = state.checks
+        if checks is not None:
+            self._check_forward(checks, state, module, grad)
         if state.first_param is not None and state.first_param.device != state.first_device:
             state.scan(module)  # the model moved since its last forward
         forwards.last = (state.name, state.param_devices, [], grad)
@@ -464,12 +489,12 @@ class RunProbe:
         if step >= 1 and (not state.new_shape_steps or state.new_shape_steps[-1] != step):
             state.new_shape_steps.append(step)
 
-    def _watch_graph(self, output: Any) -> None:
+    def _watch_graph(self, output: Any) -> list[bool] | None:
         """Hook the autograd nodes of a grad-mode forward's outputs: a backward that runs
         through any of them marks the forward as trained on (the hook holds no probe)."""
         nodes = [tensor.grad_fn for tensor in _graph_tensors(output)]
         if not nodes:
-            return
+            return None
         cell = [False]
 
         def reached(*_: Any, cell: list[bool] = cell) -> None:
@@ -479,6 +504,7 @@ class RunProbe:
             register = getattr(node, "register_prehook", None) or node.register_hook
             register(reached)
         self.record.forwards.graph_outputs.append(cell)
+        return cell
 
     # -- once per module, optimizer or device ---------------------------------------------------
 
@@ -497,6 +523,7 @@ class RunProbe:
             state.conv_layers = sum(1 for sub in module.modules() if isinstance(sub, conv))
         except Exception:
             state.conv_layers = None
+        state.checks = self._module_checks(module)
         if len(modules) < MAX_MODULES:
             try:
                 self._hook_module(module, state)
@@ -522,6 +549,10 @@ class RunProbe:
         optimizers.primary = optimizer
         optimizers.ids.add(id(optimizer))
         optimizers.names.append(type(optimizer).__name__)
+        readings = self.record.optimizer
+        readings.name = type(optimizer).__name__
+        readings.foreach, readings.fused, readings.param_tensors = \
+            module_readings.optimizer_setup(optimizer)
         first = None
         for group in optimizer.param_groups:
             for param in group.get("params", ()):
@@ -638,6 +669,142 @@ class RunProbe:
         forwards = self.record.forwards
         forwards.without_backward = sum(1 for cell in forwards.graph_outputs if not cell[0])
         forwards.graph_outputs.clear()
+        modes = self.record.modes
+        modes.trained_in_eval = sum(1 for cell in modes.eval_graph_outputs if cell[0])
+        modes.eval_graph_outputs.clear()
+
+    # -- habits: train/eval mode, DDP sync, torch.compile, empty_cache --------------------------
+    # Per top-level forward: nothing for a module without mode layers that is not DDP; else a
+    # few attribute reads. Per step: one comparison (the milestones). The rest runs once.
+
+    def _module_checks(self, module: Any) -> ModuleChecks | None:
+        record = self.record
+        wrapped = module_readings.compiled_wrapper_target(module)
+        if wrapped is not None:
+            if wrapped not in record.compile.wrapped:
+                record.compile.wrapped.append(wrapped)
+            record.compile.wraps_ddp |= module_readings.wraps_data_parallel(wrapped)
+        try:
+            layers, batch_norm = module_readings.mode_layers(self.torch, module)
+        except Exception as exc:
+            record.errors.append(f"counting mode layers: {exc}")
+            layers, batch_norm = 0, None
+        ddp = module_readings.ddp_module(module)
+        if ddp is not None and record.ddp.world_size is None:
+            record.ddp.world_size = module_readings.ddp_world_size(ddp)
+        if not layers and ddp is None:
+            return None
+        return ModuleChecks(layers, module_readings.innermost(module), ddp, batch_norm)
+
+    def _check_forward(self, checks: ModuleChecks, state: ModuleState, module: Any,
+                       grad: bool) -> None:
+        record = self.record
+        if checks.mode_layers:
+            target = checks.target()
+            training = bool(getattr(target, "training", False))
+            if grad and not training:
+                record.modes.graph_pending = id(module)
+            elif training and not grad and self._is_evaluation(checks, state):
+                record.modes.eval_in_train += 1
+        if checks.ddp is not None and grad:
+            ddp = checks.ddp()
+            if ddp is not None:
+                self._ddp_forward(ddp)
+
+    @staticmethod
+    def _is_evaluation(checks: ModuleChecks, state: ModuleState) -> bool:
+        """A no-grad forward in training mode evaluates the model, except for a frozen model
+        (an EMA or teacher copy: parameters without requires_grad) and batch-norm
+        recalibration (``update_bn`` sets momentum None on purpose)."""
+        first = state.first_param
+        if first is not None and not first.requires_grad:
+            return False
+        norm = checks.batch_norm() if checks.batch_norm is not None else None
+        return norm is None or norm.momentum is not None
+
+    def _ddp_forward(self, ddp: Any) -> None:
+        readings = self.record.ddp
+        index = len(self.record.steps.times)
+        counts = readings.steps.get(index)
+        if counts is None:
+            counts = readings.steps[index] = [0, 0]
+            if index >= readings.next_read:  # a few reads per test: log2(steps)
+                readings.next_read = 2 * index
+                try:
+                    readings.logging = module_readings.ddp_logging(ddp)
+                except Exception as exc:
+                    readings.next_read = 1 << 62
+                    self.record.errors.append(f"reading DDP's logging data: {exc}")
+        counts[0] += 1
+        if getattr(ddp, "require_backward_grad_sync", True):
+            counts[1] += 1
+
+    def _milestone(self, count: int) -> None:
+        record = self.record
+        if count == record.warmup:
+            record.compile.warm = compile_readings.read_counters()
+        if count == record.cache.mark_step and record.devices.cuda_index is not None:
+            record.cache.mark = device_calls(self.torch, record.devices.cuda_index)
+        later = [step for step in self._milestones if step > count]
+        self._next_milestone = later[0] if later else -1
+
+    def _final_readings(self, cuda_ok: bool) -> None:
+        record = self.record
+        try:
+            record.compile.end = compile_readings.read_counters()
+            record.compile.new_recompile_reasons = compile_readings.new_guard_failures(
+                record.compile.start)
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the end: {exc}")
+        cache = record.cache
+        if cuda_ok and cache.mark is not None and record.devices.cuda_index is not None:
+            try:
+                cache.end = device_calls(self.torch, record.devices.cuda_index)
+            except Exception as exc:
+                record.errors.append(f"reading the allocator's call counters: {exc}")
+        for state in record.forwards.modules.values():  # DDP's logging data, if still alive
+            ddp = state.checks.ddp() if state.checks and state.checks.ddp else None
+            if ddp is not None:
+                try:
+                    record.ddp.logging = module_readings.ddp_logging(ddp) or record.ddp.logging
+                except Exception as exc:
+                    record.errors.append(f"reading DDP's logging data: {exc}")
+
+    def on_compile_start(self, args: Any) -> None:
+        """Dynamo is about to compile a frame (called by dynamo; must never raise)."""
+        try:
+            if not self.disabled:
+                self.record.compile.compile_steps.append(len(self.record.steps.times))
+        except Exception:
+            pass
+
+    def on_empty_cache_start(self) -> dict[str, int] | None:
+        """``torch.cuda.empty_cache()`` is about to free the cache; returns the allocator's call
+        counters when the frees it makes must be told apart from the allocator's own."""
+        if self.disabled:
+            return None
+        try:
+            cache = self.record.cache
+            cache.empty_cache_calls += 1
+            cache.empty_cache_steps.append(len(self.record.steps.times))
+            index = self.record.devices.cuda_index
+            if cache.mark is not None and index is not None:
+                return device_calls(self.torch, index)
+        except Exception as exc:
+            self._fail("empty_cache wrapper", exc)
+        return None
+
+    def on_empty_cache_end(self, before: dict[str, int] | None) -> None:
+        if before is None or self.disabled:
+            return
+        try:
+            index = self.record.devices.cuda_index
+            after = device_calls(self.torch, index) if index is not None else None
+            if after is not None:
+                self.record.cache.frees_by_empty_cache += max(
+                    0, after["num_device_free"] - before["num_device_free"])
+        except Exception as exc:
+            self._fail("empty_cache wrapper", exc)
 
 
 def _graph_tensors(value: Any, depth: int = 0, found: list[Any] | None = None) -> list[Any]:

@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.probe import compile_readings
 from pytest_gputrain.probe import settings as settings_reads
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
 from pytest_gputrain.probe.memory_peaks import own_peaks
@@ -26,12 +27,15 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
 )
 from pytest_gputrain.run_facts import (
+    CompileFacts,
+    DdpFacts,
     ForwardRecord,
     LoaderFacts,
     LoaderRecord,
     MemoryFacts,
     ModuleRecord,
     NvmlRunFacts,
+    OptimizerFacts,
     ProfileFacts,
     RunFacts,
     SyncFacts,
@@ -108,6 +112,10 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.profile = _profile_facts(record, steps)
     _busy_outside_window(run)
     run.nvml = _nvml_facts(record.nvml)
+    _habit_facts(run, record, steady)
+    run.compile = _compile_facts(record)
+    run.optimizer = _optimizer_facts(record, steady, run.step_time)
+    run.ddp = _ddp_facts(record, steady)
     run.probe_errors = list(record.errors)
     return run
 
@@ -239,6 +247,7 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         facts.prefetch_factor = main.prefetch_factor
         facts.batch_size = main.batch_size
         facts.batch_pinned = main.batch_pinned
+        facts.batch_small_tensors = main.batch_small_tensors
         facts.epochs = main.iterators
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)
@@ -490,4 +499,147 @@ def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
             100.0 * sum(1 for m in masks if m & THROTTLE_BITS) / len(masks), 2)
         facts.power_cap_percent = round(
             100.0 * sum(1 for m in masks if m & POWER_CAP_BIT) / len(masks), 2)
+    return facts
+
+
+# -- habits: train/eval mode, empty_cache and allocator churn, optimizer, compile, DDP ----------
+
+def _habit_facts(run: RunFacts, record: RunRecord, steady: list[int]) -> None:
+    modules = record.forwards.modules.values()
+    if modules:
+        run.mode_layers = sum(s.checks.mode_layers for s in modules if s.checks is not None)
+        run.eval_forwards_in_train_mode = record.modes.eval_in_train
+        run.trained_forwards_in_eval_mode = record.modes.trained_in_eval
+    else:
+        for name in ("mode_layers", "eval_forwards_in_train_mode",
+                     "trained_forwards_in_eval_mode"):
+            run.mark_unknown(name, "no top-level module was called")
+    cache = record.cache
+    steps = len(record.steps.times)
+    run.empty_cache_calls = cache.empty_cache_calls
+    after_warmup = steps - record.warmup
+    if after_warmup > 0:
+        called = {i for i in cache.empty_cache_steps if record.warmup <= i < steps}
+        run.empty_cache_steps_percent = round(100.0 * len(called) / after_warmup, 2)
+    else:
+        run.mark_unknown("empty_cache_steps_percent", f"{steps} step(s): none after warm-up")
+    _churn(run.memory, record, steps)
+
+
+def _churn(facts: MemoryFacts, record: RunRecord, steps: int) -> None:
+    """cudaMalloc/cudaFree calls between the mark (after warm-up and the profiler window) and
+    the end of the test, less the frees empty_cache() made."""
+    cache = record.cache
+    if record.devices.cuda_index is None:
+        return  # the memory group already says the run did not train on CUDA
+    after = steps - cache.mark_step if cache.mark_step is not None else 0
+    if cache.mark is None or cache.end is None or after <= 0:
+        why = ("the allocator has no cudaMalloc/cudaFree counters (num_device_alloc)"
+               if cache.mark is None and after > 0 else
+               f"{steps} step(s): too few after warm-up and the profiler window")
+        facts.unknown["device_allocs_per_step"] = why
+        return
+    allocs = cache.end["num_device_alloc"] - cache.mark["num_device_alloc"]
+    frees = (cache.end["num_device_free"] - cache.mark["num_device_free"]
+             - cache.frees_by_empty_cache)
+    facts.device_allocs_steady = max(0, allocs)
+    facts.device_frees_steady = max(0, frees)
+    facts.device_allocs_per_step = round(max(0, allocs) / after, 3)
+
+
+def _optimizer_facts(record: RunRecord, steady: list[int], step_time: float | None
+                     ) -> OptimizerFacts:
+    readings = record.optimizer
+    facts = OptimizerFacts(name=readings.name, foreach=readings.foreach, fused=readings.fused,
+                           param_tensors=readings.param_tensors,
+                           zero_grad_calls=readings.zero_grad_calls,
+                           zero_grad_to_zeros=readings.zero_grad_to_zeros)
+    if readings.name is None:
+        for name in ("name", "param_tensors", "step_host_time"):
+            facts.unknown[name] = "no optimizer stepped"
+        return facts
+    host = [readings.host_times[i] for i in steady if i < len(readings.host_times)]
+    if not host:
+        facts.unknown["step_host_time"] = "no steady steps"
+        return facts
+    facts.step_host_time = round(statistics.median(host), 7)
+    if step_time:
+        facts.step_host_percent = round(min(100.0, 100.0 * facts.step_host_time / step_time), 2)
+    return facts
+
+
+def _compile_facts(record: RunRecord) -> CompileFacts:
+    readings = record.compile
+    facts = CompileFacts(wrapped_modules=list(readings.wrapped), wraps_ddp=readings.wraps_ddp)
+    facts.compiled_calls = sum(state.calls for state in record.forwards.modules.values()
+                               if state.name == "OptimizedModule")
+    steps = len(record.steps.times)
+    after_warmup = steps - record.warmup
+    if readings.callback:
+        facts.compiles = len(readings.compile_steps)
+        if after_warmup > 0:
+            compiled = {i for i in readings.compile_steps if record.warmup <= i < steps}
+            facts.steps_with_compile = len(compiled)
+            facts.recompile_steps_percent = round(100.0 * len(compiled) / after_warmup, 2)
+    else:
+        facts.unknown["steps_with_compile"] = (
+            "dynamo's compile callbacks are not available (not imported, or torch < 2.6)")
+    end = readings.end
+    if end is None:
+        facts.used = bool(facts.compiled_calls)
+        for name in ("frames_compiled", "graph_breaks", "recompile_limit_hits"):
+            facts.unknown[name] = "torch._dynamo was not imported"
+        return facts
+    start = end.since(readings.start)
+    warm = end.since(readings.warm) if readings.warm is not None else start
+    facts.frames_compiled = max(0, end.frames_total - start.frames_total)
+    facts.frames_after_warmup = max(0, end.frames_total - warm.frames_total)
+    facts.frames_failed = max(0, (end.frames_total - end.frames_ok)
+                              - (start.frames_total - start.frames_ok))
+    facts.unique_graphs = max(0, end.unique_graphs - start.unique_graphs)
+    breaks = compile_readings.increase(start.graph_breaks, end.graph_breaks)
+    facts.graph_breaks = sum(breaks.values())
+    reasons: list[str] = []
+    for text, _ in sorted(breaks.items(), key=lambda item: -item[1]):
+        line = compile_readings.first_line(text)
+        if line not in reasons:
+            reasons.append(line)
+    facts.graph_break_reasons = reasons[:compile_readings.MAX_REASONS]
+    unimplemented = compile_readings.increase(start.unimplemented, end.unimplemented)
+    facts.recompile_limit_hits = sum(count for text, count in unimplemented.items()
+                                     if compile_readings.is_recompile_limit(text))
+    facts.recompile_reasons = list(readings.new_recompile_reasons)
+    facts.compile_time = round(max(0.0, end.compile_time - start.compile_time), 3)
+    flags = [r.suppress_errors for r in (readings.start, readings.warm, end)
+             if r is not None and r.suppress_errors is not None]
+    facts.suppress_errors = any(flags) if flags else None
+    facts.used = bool(facts.compiled_calls or facts.frames_compiled or facts.compiles)
+    return facts
+
+
+def _ddp_facts(record: RunRecord, steady: list[int]) -> DdpFacts:
+    readings = record.ddp
+    logging = readings.logging
+    facts = DdpFacts(used=bool(readings.steps))
+    if not readings.steps:
+        return facts
+    facts.world_size = readings.world_size or logging.get("world_size")
+    if steady:
+        counts = [readings.steps.get(i, [0, 0]) for i in steady]
+        facts.forwards_per_step = float(statistics.median(c[0] for c in counts))
+        facts.synced_forwards_per_step = float(statistics.median(c[1] for c in counts))
+    else:
+        facts.unknown["forwards_per_step"] = "no steady steps"
+    if "find_unused_parameters" in logging:
+        facts.find_unused_parameters = bool(logging["find_unused_parameters"])
+    iteration = logging.get("iteration")
+    facts.logged_iteration = iteration
+    if iteration and "unused_parameter_size" in logging:
+        facts.unused_parameter_size = int(logging["unused_parameter_size"])
+    elif facts.find_unused_parameters:
+        facts.unknown["unused_parameter_size"] = "DDP had not sampled an iteration yet"
+    for key, name in (("avg_backward_comm_time", "comm_time"),
+                      ("avg_backward_compute_comm_overlap_time", "comm_overlap_time")):
+        if logging.get(key):
+            setattr(facts, name, round(logging[key] / 1e9, 6))  # nanoseconds
     return facts

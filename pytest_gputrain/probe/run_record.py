@@ -73,11 +73,11 @@ class SyncCounts:
 class ModuleState:
     """One top-level module: its calls, parameters and the inputs it saw."""
 
-    __slots__ = ("autocast_calls", "calls", "conv_layers", "first_device", "first_param",
-                 "grad_calls", "handles", "inference_calls", "input_devices", "input_shapes",
-                 "last_device", "last_device_name", "last_shape", "name", "new_shape_steps",
-                 "param_devices", "param_dtypes", "parameters", "ref", "shapes_seen",
-                 "training_calls")
+    __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_device",
+                 "first_param", "grad_calls", "handles", "inference_calls", "input_devices",
+                 "input_shapes", "last_device", "last_device_name", "last_shape", "name",
+                 "new_shape_steps", "param_devices", "param_dtypes", "parameters", "ref",
+                 "shapes_seen", "training_calls")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -100,6 +100,8 @@ class ModuleState:
         self.last_shape: Any = None
         self.parameters: int | None = None
         self.conv_layers: int | None = None
+        # Per-forward checks (train/eval mode, DDP gradient sync); None: nothing to check.
+        self.checks: ModuleChecks | None = None
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []
@@ -118,6 +120,20 @@ class ModuleState:
         self.param_devices, self.param_dtypes, self.parameters = devices, dtypes, count
         self.first_param = first
         self.first_device = first.device if first is not None else None
+
+
+class ModuleChecks:
+    """What a top-level module's forwards are checked for, set once when it is first seen:
+    train/eval mode (it holds layers that behave differently in the two modes) and DDP's
+    gradient synchronisation. Holds weak references only."""
+
+    __slots__ = ("batch_norm", "ddp", "mode_layers", "target")
+
+    def __init__(self, mode_layers: int, target: Any, ddp: Any, batch_norm: Any) -> None:
+        self.mode_layers = mode_layers
+        self.target = weakref.ref(target)  # the module whose .training counts (inside wrappers)
+        self.ddp = weakref.ref(ddp) if ddp is not None else None
+        self.batch_norm = weakref.ref(batch_norm) if batch_norm is not None else None
 
 
 # The last top-level forward: module name, its parameter devices, this call's input devices
@@ -216,6 +232,70 @@ class OomMoment:
 
 
 @dataclass(slots=True)
+class ModeChecks:
+    """Forwards whose train/eval mode does not fit what they were used for."""
+
+    eval_in_train: int = 0  # no_grad/inference forwards with the module in training mode
+    graph_pending: int = 0  # id of the module running a grad-mode forward in eval mode
+    # One cell per grad-mode forward in eval mode: True once a backward went through it.
+    eval_graph_outputs: list[list[bool]] = field(default_factory=list)
+    trained_in_eval: int = 0  # cells True at stop
+
+
+@dataclass(slots=True)
+class OptimizerReadings:
+    """The main optimizer's configuration (read at its first step) and the host time of each
+    of its steps (pre hook -> post hook), one entry per step like ``StepSeries``."""
+
+    name: str | None = None
+    foreach: bool | None = None
+    fused: bool | None = None
+    param_tensors: int | None = None
+    step_started: float = 0.0  # clock at the last optimizer step pre hook
+    host_times: list[float] = field(default_factory=list)
+    zero_grad_calls: int = 0
+    zero_grad_to_zeros: int = 0
+
+
+@dataclass(slots=True)
+class CacheCalls:
+    """``torch.cuda.empty_cache()`` calls and the allocator's cudaMalloc/cudaFree counters."""
+
+    empty_cache_calls: int = 0
+    empty_cache_steps: list[int] = field(default_factory=list)  # step index of each call
+    # num_device_alloc / num_device_free when the steady counting began, and at the end
+    mark: dict[str, int] | None = None
+    mark_step: int | None = None  # optimizer steps done at the mark
+    end: dict[str, int] | None = None
+    frees_by_empty_cache: int = 0  # cudaFree calls made by empty_cache() after the mark
+
+
+@dataclass(slots=True)
+class CompileReadings:
+    """torch.compile: dynamo's counters at three moments and the step of each compilation."""
+
+    start: Any = None  # compile_readings.DynamoCounters
+    warm: Any = None  # after the warm-up steps
+    end: Any = None
+    new_recompile_reasons: list[str] = field(default_factory=list)
+    compile_steps: list[int] = field(default_factory=list)  # steps done when a compile began
+    callback: bool = False  # the compile-start callback was registered (compile_steps valid)
+    wrapped: list[str] = field(default_factory=list)  # classes torch.compile wrapped
+    wraps_ddp: bool = False
+
+
+@dataclass(slots=True)
+class DdpReadings:
+    """Grad-mode forwards of DistributedDataParallel modules, by optimizer step, and DDP's
+    logging data (read at a few steps, never per forward)."""
+
+    steps: dict[int, list[int]] = field(default_factory=dict)  # index -> [forwards, synced]
+    world_size: int | None = None
+    logging: dict[str, Any] = field(default_factory=dict)
+    next_read: int = 2  # read the logging data at the first forward of this step, then double
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -233,6 +313,11 @@ class RunRecord:
     settings: SettingsTimeline = field(default_factory=SettingsTimeline)
     oom_moments: list[OomMoment] = field(default_factory=list)
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
+    modes: ModeChecks = field(default_factory=ModeChecks)
+    optimizer: OptimizerReadings = field(default_factory=OptimizerReadings)
+    cache: CacheCalls = field(default_factory=CacheCalls)
+    compile: CompileReadings = field(default_factory=CompileReadings)
+    ddp: DdpReadings = field(default_factory=DdpReadings)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
     # The test's parameters name a CPU device (read from pytest before the test runs).
