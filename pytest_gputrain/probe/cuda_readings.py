@@ -12,9 +12,27 @@ MEMORY_STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
 
 
 def memory_stats(torch: Any, index: int) -> dict[str, Any]:
-    """The caching allocator's counters that the memory facts use (0 where torch has none)."""
+    """The caching allocator's counters that the memory facts use (0 where torch has none),
+    and the pinned host allocator's (``pinned_host.*``, where torch has them)."""
     stats = torch.cuda.memory_stats(index)
-    return {key: int(stats.get(key, 0)) for key in MEMORY_STATS_KEYS}
+    readings = {key: int(stats.get(key, 0)) for key in MEMORY_STATS_KEYS}
+    readings.update(pinned_host_stats(torch))
+    return readings
+
+
+def pinned_host_stats(torch: Any) -> dict[str, int]:
+    """Bytes of pinned host memory torch's caching host allocator holds (in use and cached)
+    now and at its peak: ``pinned_host.current`` / ``pinned_host.peak``; empty where torch has
+    no ``host_memory_stats`` (before 2.5) or it cannot answer."""
+    read = getattr(getattr(torch.cuda, "memory", None), "host_memory_stats", None)
+    if read is None:
+        return {}
+    try:
+        stats = read()
+        return {"pinned_host.current": int(stats["allocated_bytes.current"]),
+                "pinned_host.peak": int(stats["allocated_bytes.peak"])}
+    except Exception:
+        return {}
 
 
 def allocated_reader(torch: Any, index: int) -> Callable[[], int]:

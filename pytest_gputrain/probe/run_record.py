@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
 
@@ -37,6 +38,10 @@ class StepSeries:
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
     allocated: list[int] = field(default_factory=list)  # allocator's bytes (CUDA runs only)
     flags: list[StepFlag] = field(default_factory=list)
+    # Top-level forwards so far, at each step boundary: a step with more of them than usual
+    # ran validation (GT118 does not call such a long step a stall).
+    forwards: list[int] = field(default_factory=list)
+    saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     after_window: bool = False  # the next step is the first after the profiler window
 
 
@@ -72,8 +77,8 @@ class ModuleState:
 
     __slots__ = ("autocast_calls", "calls", "conv_layers", "first_device", "first_param",
                  "grad_calls", "handles", "inference_calls", "input_devices", "input_shapes",
-                 "last_device", "last_device_name", "last_shape", "name", "param_devices",
-                 "param_dtypes", "parameters", "ref", "training_calls")
+                 "last_device", "last_device_name", "last_shape", "layers", "name",
+                 "param_devices", "param_dtypes", "parameters", "ref", "training_calls")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -92,6 +97,7 @@ class ModuleState:
         self.last_shape: Any = None
         self.parameters: int | None = None
         self.conv_layers: int | None = None
+        self.layers: LayerScan | None = None  # layer_scan.scan_layers at the first call
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []
