@@ -60,7 +60,7 @@ def train(rank: int, port: int) -> tuple[list[float], bool]:
         model = nn.parallel.DistributedDataParallel(wide_regressor().to(device),
                                                     device_ids=[rank])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        generator = torch.Generator(device=device).manual_seed(rank)
+        generator = torch.Generator(device=device).manual_seed(1000 + rank)
         logged: list[float] = []
         for step in range(1, STEPS + 1):
             x = torch.randn(BATCH_PER_GPU, WIDTH, device=device, generator=generator)
