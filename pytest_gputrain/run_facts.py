@@ -243,7 +243,8 @@ class StallFacts(FactGroup):
                                         "max(0.1 s, 5 x the median step)")
     steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
     explained: int | None = fact(
-        doc="long steps explained by an epoch start, extra forwards (validation) or torch.save")
+        doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
+            "a new input shape under cuDNN autotuning or torch.compile")
     time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
     time_percent: float | None = fact("%", "that time / the training time of the judged steps")
     longest: float | None = fact("s", "the longest unexplained stall step")

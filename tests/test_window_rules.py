@@ -375,6 +375,32 @@ def test_validation_epoch_starts_and_checkpoints_explain_long_steps() -> None:
     assert stalls.longest is None
 
 
+def test_a_new_input_shape_explains_a_long_step_only_where_shapes_cost_time() -> None:
+    times = [0.5, 0.3] + [0.02] * 60
+    times[20] = times[40] = 0.9
+    record = _stall_record(times)
+    record.forwards.new_shape_steps = [0, 20, 40]
+    assert build_run_facts(record, ProcessReadings()).stalls.steps == 2  # no autotuning
+    record.devices.backend_flags = {"cudnn_benchmark": True}
+    stalls = build_run_facts(record, ProcessReadings()).stalls
+    assert stalls.steps == 0 and stalls.explained == 2
+
+
+def test_the_probe_notes_the_step_of_each_new_input_shape() -> None:
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    try:
+        for rows in (4, 4, 8, 4, 8, 2):
+            optimizer.zero_grad()
+            model(torch.ones(rows, 3)).sum().backward()
+            optimizer.step()
+    finally:
+        probe.stop()
+    assert probe.record.forwards.new_shape_steps == [0, 2, 5]
+
+
 def test_long_steps_are_judged_against_the_median_step() -> None:
     slow = [0.5, 0.3] + [0.2] * 40
     slow[20] = 0.9  # 4.5 x the median: not a stall

@@ -42,6 +42,7 @@ from pytest_gputrain.run_facts import ForwardRecord, RunFacts
 _perf = time.perf_counter
 MAX_MODULES = 32  # top-level modules given their own hooks per test
 MAX_GRAPH_OUTPUTS = 100_000
+MAX_SHAPES_SEEN = 4096  # (module, input shape) pairs remembered per test
 NVML_INTERVAL = 0.25  # seconds between NVML samples, read at step boundaries
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
@@ -363,9 +364,21 @@ class RunProbe:
                 state.input_shapes.append(key)
             if forwards.input_batch is None and key:
                 forwards.input_batch = key[0]
+            self._note_new_shape(state, key)
         last = forwards.last
         if last is not None and name not in last[2]:
             last[2].append(name)
+
+    def _note_new_shape(self, state: ModuleState, key: tuple[int, ...]) -> None:
+        """The step in which a module first saw an input shape (only called when the shape
+        changed since its last call): cuDNN autotuning and recompiles make that step long, and
+        GT118 does not call it a stall."""
+        forwards = self.record.forwards
+        seen = forwards.shapes_seen
+        entry = (id(state), key)
+        if entry not in seen and len(seen) < MAX_SHAPES_SEEN:
+            seen.add(entry)
+            forwards.new_shape_steps.append(len(self.record.steps.times))
 
     def _watch_graph(self, output: Any) -> None:
         """Hook the autograd nodes of a grad-mode forward's outputs: a backward that runs

@@ -412,8 +412,9 @@ STALL_RATIO = 5.0
 
 def _stall_facts(record: RunRecord) -> StallFacts:
     """Steps far longer than the median step, split into those the loop explains (a later
-    epoch's first batch, more top-level forwards than usual: validation, a torch.save) and
-    stalls (GT118). Judged over the steps after warm-up outside the profiler window."""
+    epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
+    input shape under cuDNN autotuning or torch.compile) and stalls (GT118). Judged over the
+    steps after warm-up outside the profiler window."""
     series = record.steps
     facts = StallFacts()
     judged = [i for i in range(record.warmup, len(series.times))
@@ -428,12 +429,13 @@ def _stall_facts(record: RunRecord) -> StallFacts:
                 if len(series.forwards) == len(series.times) else [])
     usual_forwards = statistics.median(forwards[i] for i in judged) if forwards else None
     saves = set(series.saves)
+    new_shapes = set(record.forwards.new_shape_steps) if _shape_sensitive(record) else set()
     stalls: list[int] = []
     explained = 0
     for i in judged:
         if series.times[i] <= facts.threshold:
             continue
-        if series.flags[i] is StepFlag.EPOCH_START or i in saves or (
+        if series.flags[i] is StepFlag.EPOCH_START or i in saves or i in new_shapes or (
                 usual_forwards is not None and forwards[i] > usual_forwards):
             explained += 1
         else:
@@ -450,6 +452,14 @@ def _stall_facts(record: RunRecord) -> StallFacts:
         if len(stalls) >= 2:
             facts.every = int(statistics.median(b - a for a, b in itertools.pairwise(stalls)))
     return facts
+
+
+def _shape_sensitive(record: RunRecord) -> bool:
+    """A new input shape costs time here: cuDNN autotunes each new shape, torch.compile
+    recompiles for it."""
+    benchmark = record.devices.backend_flags.get("cudnn_benchmark")
+    compiled = any(state.name == "OptimizedModule" for state in record.forwards.modules.values())
+    return bool(benchmark) or compiled
 
 
 def _forwards_per_step(cumulative: list[int]) -> list[int]:

@@ -139,6 +139,10 @@ class Forwards:
     input_devices: list[str] = field(default_factory=list)
     input_batch: int | None = None  # first dimension of the first input seen
     last: LastForward | None = None
+    # (id of the module's state, input shape) pairs seen, and the index of the step in which
+    # each first arrived: a long step there is cuDNN autotuning or a recompile, not a stall.
+    shapes_seen: set[tuple[int, tuple[int, ...]]] = field(default_factory=set)
+    new_shape_steps: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
