@@ -479,6 +479,10 @@ def test_pinned_host_stats_read_and_unreadable() -> None:
     stats = {"allocated_bytes.current": 3 * GiB, "allocated_bytes.peak": 4 * GiB}
     assert pinned_host_stats(fake(stats)) == {"pinned_host.current": 3 * GiB,
                                               "pinned_host.peak": 4 * GiB}
+    older = {"allocated_bytes.current": GiB, "allocated_bytes.peak": GiB,  # torch 2.7-2.9
+             "reserved_bytes.current": 3 * GiB, "reserved_bytes.peak": 4 * GiB}
+    assert pinned_host_stats(fake(older)) == {"pinned_host.current": 3 * GiB,
+                                              "pinned_host.peak": 4 * GiB}
     assert pinned_host_stats(fake({})) == {}  # CUDA not initialised: torch answers {}
     assert pinned_host_stats(fake(RuntimeError("no CUDA"))) == {}
     assert pinned_host_stats(SimpleNamespace(cuda=SimpleNamespace())) == {}

@@ -23,14 +23,18 @@ def memory_stats(torch: Any, index: int) -> dict[str, Any]:
 def pinned_host_stats(torch: Any) -> dict[str, int]:
     """Bytes of pinned host memory torch's caching host allocator holds (in use and cached)
     now and at its peak: ``pinned_host.current`` / ``pinned_host.peak``; empty where torch has
-    no ``host_memory_stats`` (before 2.5) or it cannot answer."""
+    no ``host_memory_stats`` (before 2.7) or it cannot answer (CUDA not initialised).
+
+    torch 2.7-2.9 count the pool as ``reserved_bytes`` (``allocated_bytes``: blocks in use);
+    from 2.10 ``allocated_bytes`` is the pool and ``reserved_bytes`` is gone."""
     read = getattr(getattr(torch.cuda, "memory", None), "host_memory_stats", None)
     if read is None:
         return {}
     try:
         stats = read()
-        return {"pinned_host.current": int(stats["allocated_bytes.current"]),
-                "pinned_host.peak": int(stats["allocated_bytes.peak"])}
+        pool = "reserved_bytes" if "reserved_bytes.current" in stats else "allocated_bytes"
+        return {"pinned_host.current": int(stats[f"{pool}.current"]),
+                "pinned_host.peak": int(stats[f"{pool}.peak"])}
     except Exception:
         return {}
 
