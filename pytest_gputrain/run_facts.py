@@ -161,6 +161,9 @@ class MemoryFacts(FactGroup):
     expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
     allocator_backend: str | None = fact(
         doc="torch.cuda.get_allocator_backend() at the first CUDA step: native or cudaMallocAsync")
+    pinned_host: int | None = fact(
+        "bytes", "most pinned host memory torch's host allocator held during the test")
+    pinned_host_start: int | None = fact("bytes", "pinned host memory it held when the test began")
     allocated_per_step: list[int] = Field(
         default_factory=list, description="allocated after each step (thinned past 4096 steps)")
     growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
@@ -245,6 +248,64 @@ class ProfileFacts(FactGroup):
     h2d_small_syncs_per_step: float | None = fact(
         doc="cuda*Synchronize calls per step made right after a small host-to-device copy")
     top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
+    # Host-side work in the loop (GT117), kernel families (GT128), communication (GT311),
+    # blocking pinned copies (GT130).
+    host_silent_percent: float | None = fact(
+        "%", "GPU idle while no host thread made a CUDA call for >= 200 µs / wall")
+    host_silent_per_step: float | None = fact("s", "that silent idle time per profiled step")
+    loader_wait_percent: float | None = fact(
+        "%", "time blocked in the DataLoader during the profiled steps / wall")
+    host_work_percent: float | None = fact(
+        "%", "host_silent_percent - loader_wait_percent: the GPU idle while the host did "
+             "other work than CUDA calls and waiting for the loader")
+    elementwise_percent: float | None = fact(
+        "%", "eager elementwise and reduction kernels' share of kernel time")
+    triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")
+    comm_percent: float | None = fact("%", "NCCL kernel time (union) / wall")
+    comm_exposed_percent: float | None = fact(
+        "%", "NCCL kernel time with no other kernel running / wall")
+    comm_overlap_percent: float | None = fact(
+        "%", "NCCL kernel time overlapped by computation / NCCL kernel time")
+    h2d_pinned_blocking_per_step: float | None = fact(
+        doc="pinned host-to-device copies per step followed at once by a stream synchronize "
+            "(made without non_blocking=True)")
+
+
+class LayerFacts(FactGroup):
+    """The layers of the top-level modules, read once when each module is first called."""
+
+    conv2d: int | None = fact(doc="Conv2d layers")
+    conv_bias_before_bn: int | None = fact(
+        doc="convolutions with a bias registered right before a batch norm of their channels")
+    conv_bias_pairs: list[str] = Field(
+        default_factory=list, description="those convolution/batch-norm pairs (at most 8)")
+    channels_last_weights: bool | None = fact(
+        doc="the Conv2d weights are channels_last (unknown when the layout is ambiguous)")
+    channels_last_input: bool | None = fact(
+        doc="the first 4-D input of the main conv model was channels_last (unknown: ambiguous)")
+    linear_weights: int | None = fact(doc="weight elements of Linear and Embedding layers")
+    misaligned: list[str] = Field(
+        default_factory=list,
+        description="Linear/Embedding layers with a dimension not divisible by 8 (at most 8)")
+    misaligned_percent: float | None = fact(
+        "%", "weight elements of those layers / all Linear and Embedding weight elements")
+
+
+class StallFacts(FactGroup):
+    """Steps far longer than the median step that nothing in the loop explains (GT118)."""
+
+    threshold: float | None = fact("s", "a stall is a step longer than this: "
+                                        "max(0.1 s, 5 x the median step)")
+    steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
+    explained: int | None = fact(
+        doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
+            "a new input shape under cuDNN autotuning or torch.compile")
+    time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
+    time_percent: float | None = fact("%", "that time / the training time of the judged steps")
+    longest: float | None = fact("s", "the longest unexplained stall step")
+    step_numbers: list[int] = Field(
+        default_factory=list, description="1-based step numbers of the stalls (first 10)")
+    every: int | None = fact(doc="median number of steps between two stalls")
 
 
 class NvmlRunFacts(FactGroup):
@@ -443,6 +504,8 @@ class RunFacts(FactGroup):
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
     sync: SyncFacts = Field(default_factory=SyncFacts)
     profile: ProfileFacts = Field(default_factory=ProfileFacts)
+    layers: LayerFacts = Field(default_factory=LayerFacts)
+    stalls: StallFacts = Field(default_factory=StallFacts)
     nvml: NvmlRunFacts = Field(default_factory=NvmlRunFacts)
     compile: CompileFacts = Field(default_factory=CompileFacts)
     optimizer: OptimizerFacts = Field(default_factory=OptimizerFacts)

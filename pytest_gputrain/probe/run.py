@@ -29,6 +29,7 @@ from pytest_gputrain.probe.cuda_readings import (
     memory_stats,
     read_backend_flags,
 )
+from pytest_gputrain.probe.layer_scan import scan_layers
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
 from pytest_gputrain.probe.run_record import (
@@ -237,6 +238,7 @@ class RunProbe:
                                _AFTER_WINDOW if steps.after_window else
                                _EPOCH_START if loader.epoch_start else _STEADY)
             steps.after_window = loader.epoch_start = False
+            steps.forwards.append(record.forwards.calls)
             if read_allocated is not None:
                 nvml = record.nvml
                 if nvml.index is not None and now - nvml.last >= NVML_INTERVAL:
@@ -271,7 +273,7 @@ class RunProbe:
             self.active = module
             state = self.record.forwards.modules.get(id(module))
             if state is None or state.ref() is not module:
-                state = self._adopt(module)
+                state = self._adopt(module, args)
             self._record_call(state, module, args)
             self.kwargs_pending = bool(state.handles)
         except Exception as exc:
@@ -333,6 +335,16 @@ class RunProbe:
                 self.install.arm()
         except Exception as exc:
             self._fail("backward wrapper", exc)
+
+    def on_save(self) -> None:
+        """A torch.save call: the step it falls in saved a checkpoint (GT118)."""
+        if self.disabled:
+            return
+        try:
+            steps = self.record.steps
+            steps.saves.append(len(steps.times))
+        except Exception as exc:  # pragma: no cover - two attribute reads and an append
+            self._fail("torch.save wrapper", exc)
 
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> None:
         if self.disabled:
@@ -514,7 +526,7 @@ class RunProbe:
         except Exception:
             return False
 
-    def _adopt(self, module: Any) -> ModuleState:
+    def _adopt(self, module: Any, args: Any = ()) -> ModuleState:
         modules = self.record.forwards.modules
         state = ModuleState(module)
         state.scan(module)
@@ -524,6 +536,10 @@ class RunProbe:
         except Exception:
             state.conv_layers = None
         state.checks = self._module_checks(module)
+        try:
+            state.layers = scan_layers(self.torch, module, args)
+        except Exception as exc:  # an exotic module: its layers stay unknown
+            self.record.errors.append(f"reading the layers of {state.name}: {exc}")
         if len(modules) < MAX_MODULES:
             try:
                 self._hook_module(module, state)

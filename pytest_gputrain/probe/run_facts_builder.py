@@ -30,6 +30,7 @@ from pytest_gputrain.run_facts import (
     CompileFacts,
     DdpFacts,
     ForwardRecord,
+    LayerFacts,
     LoaderFacts,
     LoaderRecord,
     MemoryFacts,
@@ -38,6 +39,7 @@ from pytest_gputrain.run_facts import (
     OptimizerFacts,
     ProfileFacts,
     RunFacts,
+    StallFacts,
     SyncFacts,
 )
 
@@ -111,6 +113,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.memory = _memory_facts(record, process)
     run.profile = _profile_facts(record, steps)
     _busy_outside_window(run)
+    run.layers = _layer_facts(forwards)
+    run.stalls = _stall_facts(record)
     run.nvml = _nvml_facts(record.nvml)
     _habit_facts(run, record, steady)
     run.compile = _compile_facts(record)
@@ -304,6 +308,7 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.allocator_backend = readings.backend
     if readings.backend is None:
         facts.unknown["allocator_backend"] = "not readable at the first CUDA step"
+    _pinned_host(facts, start, readings.window, end)
     facts.total = end.get("total")
     _budget(facts, record)
     facts.allocated_start = start.get("allocated_bytes.all.current")
@@ -353,6 +358,22 @@ def _own_peaks(facts: MemoryFacts, record: RunRecord) -> None:
     found = own_peaks(start, record.allocator.end, record.allocator.peaks_before_reset)
     for name, value in found.items():
         setattr(facts, name, value)
+
+
+def _pinned_host(facts: MemoryFacts, start: dict[str, Any], window: dict[str, Any],
+                 end: dict[str, Any]) -> None:
+    """Pinned host memory during the test (GT138): the most of the readings at the window and
+    the end, or the allocator's peak when that peak was set during the test."""
+    readings = [r["pinned_host.current"] for r in (window, end) if "pinned_host.current" in r]
+    if not readings:
+        facts.unknown["pinned_host"] = "torch has no host_memory_stats, or CUDA was not read"
+        return
+    facts.pinned_host_start = start.get("pinned_host.current", 0)
+    most = max(readings)
+    peak = end.get("pinned_host.peak")
+    if peak is not None and peak > start.get("pinned_host.peak", 0):
+        most = max(most, peak)  # the peak rose during this test: it is this test's
+    facts.pinned_host = most
 
 
 def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
@@ -421,6 +442,8 @@ def _profile_facts(record: RunRecord, steps: int) -> ProfileFacts:
         for name in ("busy_percent", "kernel_mean", "tensor_core_percent",
                      "h2d_pageable_bytes_per_step"):
             facts.unknown[name] = facts.reason or "no profiler window"
+    else:
+        _window_host_work(facts, record)
     return facts
 
 
@@ -451,6 +474,116 @@ def _busy_outside_window(run: RunFacts) -> None:
         return
     profile.busy_percent_without_waits = round(min(100.0, 100.0 * kernel / rest), 2)
     profile.idle_without_waits_percent = round(100.0 * max(0.0, rest - kernel) / step, 2)
+
+
+def _window_host_work(facts: ProfileFacts, record: RunRecord) -> None:
+    """The loader's share of the profiled steps, and the host-side silence left when it is
+    taken out: time the GPU waited for host work that is neither CUDA calls nor the loader."""
+    series = record.steps
+    window_waits = [wait for wait, flag in zip(series.waits, series.flags, strict=False)
+                    if flag is StepFlag.IN_WINDOW]
+    if not facts.wall:
+        return
+    facts.loader_wait_percent = round(100.0 * sum(window_waits) / facts.wall, 2)
+    if facts.host_silent_percent is not None:
+        facts.host_work_percent = round(
+            max(0.0, facts.host_silent_percent - facts.loader_wait_percent), 2)
+
+
+def _layer_facts(forwards: Forwards) -> LayerFacts:
+    """The layers of every top-level module the test called, summed; the conv layouts of the
+    module with the most Conv2d layers."""
+    facts = LayerFacts()
+    scans = [state.layers for state in forwards.modules.values() if state.layers is not None]
+    if not scans:
+        for name in ("conv2d", "conv_bias_before_bn", "misaligned_percent"):
+            facts.mark_unknown(name, "no top-level module was called")
+        return facts
+    facts.conv2d = sum(scan.conv2d for scan in scans)
+    facts.conv_bias_before_bn = sum(scan.conv_bias_pairs for scan in scans)
+    facts.conv_bias_pairs = [name for scan in scans for name in scan.conv_bias_names][:8]
+    convnet = max(scans, key=lambda scan: scan.conv2d)
+    if convnet.conv2d:
+        facts.channels_last_weights = convnet.channels_last_weights
+        facts.channels_last_input = convnet.channels_last_input
+        if convnet.channels_last_weights is None:
+            facts.unknown["channels_last_weights"] = (
+                "every Conv2d weight has 1 input channel or a 1x1 kernel: both layouts agree")
+    facts.linear_weights = sum(scan.linear_weights for scan in scans)
+    misaligned = sorted((layer for scan in scans for layer in scan.misaligned),
+                        key=lambda layer: -layer[1])
+    facts.misaligned = [label for label, _ in misaligned[:8]]
+    if facts.linear_weights:
+        facts.misaligned_percent = round(
+            100.0 * sum(scan.misaligned_weights for scan in scans) / facts.linear_weights, 2)
+    else:
+        facts.unknown["misaligned_percent"] = "no Linear or Embedding layers"
+    return facts
+
+
+STALL_MIN_S = 0.1  # a stall is a step longer than max(STALL_MIN_S, STALL_RATIO x median step)
+STALL_RATIO = 5.0
+
+
+def _stall_facts(record: RunRecord) -> StallFacts:
+    """Steps far longer than the median step, split into those the loop explains (a later
+    epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
+    input shape under cuDNN autotuning or torch.compile) and stalls (GT118). Judged over the
+    steps after warm-up outside the profiler window."""
+    series = record.steps
+    facts = StallFacts()
+    judged = [i for i in range(record.warmup, len(series.times))
+              if series.flags[i] not in (StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW)]
+    if len(judged) < 3:
+        facts.mark_unknown("steps", f"{len(judged)} step(s) after warm-up: too few to judge")
+        return facts
+    times = [series.times[i] for i in judged]
+    median = statistics.median(times)
+    facts.threshold = round(max(STALL_MIN_S, STALL_RATIO * median), 6)
+    forwards = (_forwards_per_step(series.forwards)
+                if len(series.forwards) == len(series.times) else [])
+    usual_forwards = statistics.median(forwards[i] for i in judged) if forwards else None
+    saves = set(series.saves)
+    # Steps in which a module first met an input shape: a long one is cuDNN autotuning or a
+    # recompile (GT120, GT131), not a stall.
+    new_shapes = {step for state in record.forwards.modules.values()
+                  for step in state.new_shape_steps} if _shape_sensitive(record) else set()
+    new_shapes.update(record.compile.compile_steps)  # steps in which torch.compile compiled
+    stalls: list[int] = []
+    explained = 0
+    for i in judged:
+        if series.times[i] <= facts.threshold:
+            continue
+        if series.flags[i] is StepFlag.EPOCH_START or i in saves or i in new_shapes or (
+                usual_forwards is not None and forwards[i] > usual_forwards):
+            explained += 1
+        else:
+            stalls.append(i)
+    facts.steps = len(stalls)
+    facts.explained = explained
+    excess = sum(series.times[i] - median for i in stalls)
+    facts.time = round(excess, 6)
+    total = sum(times)
+    facts.time_percent = round(100.0 * excess / total, 2) if total > 0 else None
+    if stalls:
+        facts.longest = round(max(series.times[i] for i in stalls), 6)
+        facts.step_numbers = [i + 1 for i in stalls[:10]]
+        if len(stalls) >= 2:
+            facts.every = int(statistics.median(b - a for a, b in itertools.pairwise(stalls)))
+    return facts
+
+
+def _shape_sensitive(record: RunRecord) -> bool:
+    """A new input shape costs time here: cuDNN autotunes each new shape, torch.compile
+    recompiles for it."""
+    benchmark = record.devices.backend_flags.get("cudnn_benchmark")
+    compiled = any(state.name == "OptimizedModule" for state in record.forwards.modules.values())
+    return bool(benchmark) or compiled
+
+
+def _forwards_per_step(cumulative: list[int]) -> list[int]:
+    """Top-level forwards in each step from the running totals at the step boundaries."""
+    return [count - (cumulative[i - 1] if i else 0) for i, count in enumerate(cumulative)]
 
 
 def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:

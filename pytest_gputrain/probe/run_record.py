@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
@@ -40,6 +41,10 @@ class StepSeries:
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
     allocated: list[int] = field(default_factory=list)  # allocator's bytes (CUDA runs only)
     flags: list[StepFlag] = field(default_factory=list)
+    # Top-level forwards so far, at each step boundary: a step with more of them than usual
+    # ran validation (GT118 does not call such a long step a stall).
+    forwards: list[int] = field(default_factory=list)
+    saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     after_window: bool = False  # the next step is the first after the profiler window
 
 
@@ -75,9 +80,9 @@ class ModuleState:
 
     __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_device",
                  "first_param", "grad_calls", "handles", "inference_calls", "input_devices",
-                 "input_shapes", "last_device", "last_device_name", "last_shape", "name",
-                 "new_shape_steps", "param_devices", "param_dtypes", "parameters", "ref",
-                 "shapes_seen", "training_calls")
+                 "input_shapes", "last_device", "last_device_name", "last_shape", "layers",
+                 "name", "new_shape_steps", "param_devices", "param_dtypes", "parameters",
+                 "ref", "shapes_seen", "training_calls")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -102,6 +107,7 @@ class ModuleState:
         self.conv_layers: int | None = None
         # Per-forward checks (train/eval mode, DDP gradient sync); None: nothing to check.
         self.checks: ModuleChecks | None = None
+        self.layers: LayerScan | None = None  # layer_scan.scan_layers at the first call
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []

@@ -21,6 +21,8 @@ What is installed (and only while a diagnosed test's call phase runs):
   each call (so calls through a name bound before the test are seen too);
 - a dynamo compile-start callback (``torch._dynamo.callback``), where dynamo is imported: the
   step in which each compilation began;
+- a wrapper of ``torch.save`` that notes the step each checkpoint falls in (a long step that
+  saved one is no stall);
 - for ``torch.compile``d modules, a wrapper of ``OptimizedModule.__call__`` that records the call
   and disarms the global hook *before* dynamo looks for global hooks (it warns whenever one is
   installed, which would reach the user's warnings summary, or fail a ``-W error`` run); it is
@@ -184,6 +186,19 @@ def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., 
     return _cuda_emptyCache
 
 
+def wrap_save(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+    def save(*args: Any, **kwargs: Any) -> Any:
+        probe.on_save()  # guarded inside: never raises
+        return original(*args, **kwargs)
+
+    save.__name__ = getattr(original, "__name__", "save")
+    save.__qualname__ = getattr(original, "__qualname__", "save")
+    save.__doc__ = getattr(original, "__doc__", None)
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    save._gputrain_probe = True  # type: ignore[attr-defined]
+    return save
+
+
 def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if probe.install.armed and not probe.disabled:
@@ -267,6 +282,8 @@ class Installation:
 
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
+        if callable(getattr(torch, "save", None)):
+            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
         self.install_habit_hooks()
@@ -369,7 +386,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
 
     owners: list[tuple[Any, str]] = [(torch.autograd, "backward"), (torch.autograd, "grad"),
                                      (dataloader._BaseDataLoaderIter, "__next__"),
-                                     (torch, "compile")]
+                                     (torch, "compile"), (torch, "save")]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.cuda, "reset_peak_memory_stats"),

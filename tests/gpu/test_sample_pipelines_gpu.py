@@ -105,12 +105,21 @@ def _write_table(path: str) -> None:
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _skip_without_gpus(name: str, needed: int) -> None:
+    import torch
+
+    if torch.cuda.device_count() < needed:
+        pytest.skip(f"sample {name} needs {needed} GPUs, "
+                    f"this machine has {torch.cuda.device_count()}")
+
+
 @pytest.mark.gpu
 @pytest.mark.requires_cuda
 @pytest.mark.skipif(not _cuda_available(), reason="needs torch with a usable CUDA GPU")
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     spec = EXPECTED[name]
+    _skip_without_gpus(name, int(spec.get("gpus", 1)))
     expect = sorted(spec.get("expect", []))
     report = tmp_path / "r.json"
     command = [
