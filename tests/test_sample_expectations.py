@@ -21,7 +21,7 @@ from pytest_gputrain.plugin import load_features
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ROOT / "sample_projects" / "pipelines"
 EXPECTED = tomllib.loads((PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
-KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env"}
+KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus"}
 
 
 def _runner() -> ModuleType:

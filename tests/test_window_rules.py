@@ -19,7 +19,13 @@ from pytest_gputrain.probe.cuda_readings import pinned_host_stats
 from pytest_gputrain.probe.layer_scan import channels_last, scan_layers
 from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
-from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
+from pytest_gputrain.probe.run_record import (
+    LoaderWaits,
+    ModuleState,
+    RunRecord,
+    StepFlag,
+    StepSeries,
+)
 
 GiB = 2**30
 STEADY, IN_WINDOW, EPOCH = StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.EPOCH_START
@@ -379,7 +385,9 @@ def test_a_new_input_shape_explains_a_long_step_only_where_shapes_cost_time() ->
     times = [0.5, 0.3] + [0.02] * 60
     times[20] = times[40] = 0.9
     record = _stall_record(times)
-    record.forwards.new_shape_steps = [0, 20, 40]
+    state = ModuleState(nn.Linear(3, 1))
+    state.new_shape_steps = [20, 40]  # steps in which the model met a new input shape
+    record.forwards.modules[id(state)] = state
     assert build_run_facts(record, ProcessReadings()).stalls.steps == 2  # no autotuning
     record.devices.backend_flags = {"cudnn_benchmark": True}
     stalls = build_run_facts(record, ProcessReadings()).stalls
@@ -398,7 +406,9 @@ def test_the_probe_notes_the_step_of_each_new_input_shape() -> None:
             optimizer.step()
     finally:
         probe.stop()
-    assert probe.record.forwards.new_shape_steps == [0, 2, 5]
+    # The first shape (step 0) is no news; rows=8 arrived in step 2, rows=2 in step 5.
+    (state,) = probe.record.forwards.modules.values()
+    assert state.new_shape_steps == [2, 5]
 
 
 def test_long_steps_are_judged_against_the_median_step() -> None:
