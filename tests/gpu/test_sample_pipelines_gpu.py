@@ -33,7 +33,8 @@ else:  # pragma: no cover
 PIPELINES = Path(__file__).resolve().parents[2] / "sample_projects" / "pipelines"
 EXPECTED: dict[str, dict[str, Any]] = tomllib.loads(
     (PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
-TIMEOUT_S = 300
+# Seconds a sample may run; GPUTRAIN_SAMPLE_TIMEOUT lowers it for a quick pass over all samples.
+TIMEOUT_S = int(os.environ.get("GPUTRAIN_SAMPLE_TIMEOUT", "300"))
 PIPELINE_SCOPES = {"run", "failure"}
 LOUD = {"warning", "error"}
 TABLE_ENV = "GPUTRAIN_SAMPLE_TABLE"
