@@ -135,11 +135,14 @@ class MemoryFacts(FactGroup):
     inactive_split_percent: float | None = fact("%", "inactive_split / reserved (steady)")
     expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
     allocated_per_step: list[int] = Field(
-        default_factory=list, description="allocated after each step (thinned past 4096 steps)")
-    growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
+        default_factory=list, description="allocated after steps 1, 1 + s, 1 + 2s, ... with s "
+        "= allocated_stride (every step in short runs; at most 64 readings, evenly spaced)")
+    allocated_stride: int | None = fact(doc="steps between two allocated_per_step readings")
+    growth_steps: int | None = fact(doc="steps past warm-up spanned by the growth fit")
     growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
-    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted")
-    growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
+    growth_total: int | None = fact("bytes", "allocated at the last reading - at the first fitted")
+    growth_rising_percent: float | None = fact(
+        "%", "fitted readings where allocated rose since the reading before")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
     batch_size: int | None = fact(doc="batch size of the run (loader or first input dimension)")
     per_sample: float | None = fact("bytes", "(peak reserved - steady allocated) / batch size")
@@ -190,6 +193,10 @@ class ProfileFacts(FactGroup):
     host_wait_percent: float | None = fact(
         "%", "GPU idle time where the next kernel was launched only after the GPU went idle")
     top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
+    cupti_teardown: bool | None = fact(
+        doc="kineto detached CUPTI when the window closed (TEARDOWN_CUPTI=1), so later steps "
+            "run without its callbacks")
+    cupti_teardown_reason: str | None = fact(doc="why CUPTI was or was not detached")
 
 
 class NvmlRunFacts(FactGroup):

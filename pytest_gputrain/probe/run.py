@@ -1,11 +1,27 @@
 """``RunProbe``: the hook callbacks that fill one test's ``RunRecord``, and its lifecycle.
 
-Hot path (per optimizer step, outside the profiler window): a clock read, one append to each
-step series and, on CUDA, one read of the allocator's host-side counter (no synchronisation).
-Per top-level forward: a grad-mode/autocast check and the device of the first input. No CUDA
-call is made on a device the test did not initialise, and nothing here ever raises into the
-user's code: a probe error disables the probe for the rest of the test and is reported in
+Hot path (per optimizer step, outside the profiler window): a clock read and one append to each
+step series (``_record_step``), then the per-step readings (``_read_step``: the one place for
+them; the allocator's counters are read at evenly spaced steps, see ``StepSeries.allocated``).
+Per top-level forward: grad mode, autocast and the device of the first input; per model forward
+a look at its output's autograd node (see "Forwards without a backward" below). NVML is sampled
+on a thread (``collect.sampler.NvmlSampler``), never on the training thread. No CUDA call is
+made on a device the test did not initialise, and nothing here ever raises into the user's
+code: a probe error disables the probe for the rest of the test and is reported in
 ``run.probe_errors``.
+
+Forwards without a backward: a grad-mode forward of a model (a top-level module with parameters)
+is *watched* by a hook on its output's autograd node, which a backward through its graph calls.
+Registering and calling that hook costs more than the rest of the forward's bookkeeping, so
+only the forwards that can be unreached are watched: every grad-mode forward of a model's first
+``WATCH_FIRST``; after them, for a model whose first forwards were all backpropagated, only the
+forwards that follow another forward of it with no backward in between (an evaluation loop
+without ``no_grad``, several forwards per backward). The output node of a model's last forward
+is held until the next backward, batch, step, start of a model's forward or the end of the test,
+so that the first forward of such a run is watched too; a backward that follows it is taken to
+go through it. (Holding it keeps that forward's graph alive a little longer than the test does,
+never into the next forward or batch.) A model whose first forwards were not all backpropagated
+(an EMA or teacher model run under grad mode) has every grad-mode forward watched.
 
 What is recorded lives in ``run_record.py``; how it becomes ``RunFacts`` in
 ``run_facts_builder.py``. This module keeps only what steers the hooks.
@@ -14,6 +30,7 @@ What is recorded lives in ``run_record.py``; how it becomes ``RunFacts`` in
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -26,6 +43,7 @@ from pytest_gputrain.probe.cuda_readings import (
     memory_stats,
     read_backend_flags,
 )
+from pytest_gputrain.probe.cupti import NO_TEARDOWN, ask_for_teardown
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
 from pytest_gputrain.probe.run_record import (
@@ -34,6 +52,7 @@ from pytest_gputrain.probe.run_record import (
     RunRecord,
     StepFlag,
     StepSeries,
+    WatchMode,
 )
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
 from pytest_gputrain.run_facts import ForwardRecord, RunFacts
@@ -41,7 +60,8 @@ from pytest_gputrain.run_facts import ForwardRecord, RunFacts
 _perf = time.perf_counter
 MAX_MODULES = 32  # top-level modules given their own hooks per test
 MAX_GRAPH_OUTPUTS = 100_000
-NVML_INTERVAL = 0.25  # seconds between NVML samples, read at step boundaries
+WATCH_FIRST = 8  # grad-mode forwards of each model watched before its watch mode is chosen
+NVML_INTERVAL = 0.1  # seconds between NVML samples (on the sampler thread)
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
     StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW, StepFlag.EPOCH_START)
@@ -66,12 +86,22 @@ class RunProbe:
         self.disabled = False
         self.closed = False
         self.active: Any = None  # the top-level module whose forward is running
-        self.kwargs_pending = False  # its inputs may still come as keyword arguments
         self.in_backward = 0
         self.window: ProfilerWindow | None = None  # open between two step boundaries
         self._window_start = profile_steps[0] - 1 if profile_steps is not None else -1
         self._window_last = profile_steps[1] if profile_steps is not None else 0
         self._read_allocated: Callable[[], int] | None = None  # set at the first step on CUDA
+        self._sampler: Any = None  # the NVML sampler thread, on CUDA runs
+        self._teardown = NO_TEARDOWN  # what the open window leaves of CUPTI when it closes
+        # Models with a grad-mode forward since the last backward (their ``pending`` is set),
+        # and models still in their first WATCH_FIRST forwards' probation (see the docstring).
+        self._pending: list[ModuleState] = []
+        self._undecided: list[ModuleState] = []
+        # torch's mode checks, looked up once (they run at every top-level forward).
+        self._grad_enabled = torch.is_grad_enabled
+        self._inference_mode = torch.is_inference_mode_enabled
+        self._autocast = autocast_check(torch)
+        self._tensor_type = torch.Tensor
 
     @property
     def errors(self) -> list[str]:
@@ -137,11 +167,7 @@ class RunProbe:
         if self.window is not None:
             self._stop_window(len(record.steps.times), cuda_ok=cuda_ok)
         self._count_graph_outputs()
-        if record.nvml.index is not None:
-            try:
-                self._nvml_sample(_perf())
-            except Exception as exc:
-                record.errors.append(f"NVML sample: {exc}")
+        self._stop_nvml()
         index = record.devices.cuda_index
         if cuda_ok and index is not None:
             try:
@@ -179,8 +205,7 @@ class RunProbe:
         if self.disabled or self._compiling():
             return
         try:
-            record = self.record
-            optimizers = record.optimizers
+            optimizers = self.record.optimizers
             optimizers.steps += 1
             if optimizer is not optimizers.primary:
                 if optimizers.primary is not None:  # another optimizer: named, not timed
@@ -189,81 +214,95 @@ class RunProbe:
                         optimizers.names.append(type(optimizer).__name__)
                     return
                 self._first_step(optimizer)
-            now = _perf()
-            steps, loader, syncs = record.steps, record.loader, record.syncs
-            read_allocated = self._read_allocated
-            if read_allocated is not None:
-                steps.allocated.append(read_allocated())
-            steps.times.append(now - steps.last_t)
-            steps.last_t = now
-            steps.waits.append(loader.pending)
-            loader.pending = 0.0
-            steps.syncs.append(syncs.pending)
-            syncs.pending = 0
-            window = self.window
-            steps.flags.append(_IN_WINDOW if window is not None else
-                               _AFTER_WINDOW if steps.after_window else
-                               _EPOCH_START if loader.epoch_start else _STEADY)
-            steps.after_window = loader.epoch_start = False
-            if read_allocated is not None:
-                nvml = record.nvml
-                if nvml.index is not None and now - nvml.last >= NVML_INTERVAL:
-                    self._nvml_sample(now)
-            count = len(steps.times)
-            if window is not None:
-                if count >= self._window_last:
-                    self._stop_window(count - window.first_step + 1)
-                    steps.after_window = True
-                    steps.last_t = _perf()
-            elif count == self._window_start and record.devices.cuda_index is not None \
-                    and not record.window_facts:
-                self._start_window(count + 1)
-                steps.last_t = _perf()
+            count = self._record_step(_perf())
+            self._read_step(count)
+            self._steer_window(count)
+            if self._pending:
+                self._settle_pending()
+            if self._undecided:
+                self._choose_watch_modes()
             if self.active is not None and not self.in_backward:
                 self.active = None
                 self.install.arm()
         except Exception as exc:
             self._fail("optimizer step hook", exc)
 
+    def _record_step(self, now: float) -> int:
+        """Close the step that ends now: its time, loader wait, syncs and flag. Returns the
+        number of steps so far."""
+        record = self.record
+        steps, loader, syncs = record.steps, record.loader, record.syncs
+        steps.times.append(now - steps.last_t)
+        steps.last_t = now
+        steps.waits.append(loader.pending)
+        loader.pending = 0.0
+        steps.syncs.append(syncs.pending)
+        syncs.pending = 0
+        steps.flags.append(_IN_WINDOW if self.window is not None else
+                           _AFTER_WINDOW if steps.after_window else
+                           _EPOCH_START if loader.epoch_start else _STEADY)
+        steps.after_window = loader.epoch_start = False
+        return len(steps.times)
+
+    def _read_step(self, count: int) -> None:
+        """The readings taken at each step boundary (``count`` steps so far): the one place
+        for them. Each must cost a few attribute reads; anything dearer is taken at evenly
+        spaced steps like the allocator's counters (``torch.cuda.memory_stats`` builds a dict
+        of some 200 entries in C++ and takes the allocator's lock: tens of µs)."""
+        steps = self.record.steps
+        read_allocated = self._read_allocated
+        if read_allocated is not None and steps.allocated_due(count - 1):
+            steps.add_allocated(read_allocated())
+
+    def _steer_window(self, count: int) -> None:
+        """Open the profiler window at its first step's boundary, close it after its last."""
+        record = self.record
+        steps = record.steps
+        window = self.window
+        if window is not None:
+            if count >= self._window_last:
+                self._stop_window(count - window.first_step + 1)
+                steps.after_window = True
+                steps.last_t = _perf()
+        elif count == self._window_start and record.devices.cuda_index is not None \
+                and not record.window_facts:
+            self._start_window(count + 1)
+            steps.last_t = _perf()
+
     def on_global_forward(self, module: Any, args: Any) -> None:
         if self.disabled or self._compiling():
             return None
         try:
-            self.install.disarm()
-            self.active = module
             state = self.record.forwards.modules.get(id(module))
             if state is None or state.ref() is not module:
                 state = self._adopt(module)
+            if not state.leaf:  # a leaf calls no module: the hook may stay armed through it
+                self.install.disarm()
+                self.active = module
+                if self._pending and state.parameters:
+                    # A model's forward comes before any backward: the held forwards are
+                    # watched now, and let go before this forward allocates anything.
+                    self._settle_pending()
             self._record_call(state, module, args)
-            self.kwargs_pending = bool(state.handles)
         except Exception as exc:
             self._fail("forward pre hook", exc)
         return None
 
-    def _on_module_pre(self, module: Any, args: Any, kwargs: Any) -> None:
-        if self.disabled or not self.kwargs_pending or self.active is not module:
-            return None
-        try:
-            self.kwargs_pending = False
-            if kwargs:
-                tensor = first_tensor(kwargs)
-                if tensor is not None:
-                    self._note_input(self.record.forwards.modules[id(module)], tensor)
-        except Exception as exc:
-            self._fail("module forward pre hook", exc)
-        return None
-
-    def _on_module_post(self, module: Any, args: Any, output: Any) -> None:
+    def _on_module_post(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        """After a top-level forward, also when it raised (``always_call``): its inputs given
+        as keyword arguments (unseen by the global hook) and its output; re-arms the hook."""
         if self.disabled or self.active is not module:
             return None
         try:
             self.active = None
-            self.kwargs_pending = False
-            forwards = self.record.forwards
-            state = forwards.modules.get(id(module))
-            if state is not None and state.parameters and self.torch.is_grad_enabled() \
-                    and len(forwards.graph_outputs) < MAX_GRAPH_OUTPUTS:
-                self._watch_graph(output)  # models only: a loss module's graph is its input's
+            state = self.record.forwards.modules.get(id(module))
+            if kwargs and state is not None:
+                tensor = first_tensor(kwargs)
+                if tensor is not None:
+                    self._note_input(state, tensor)
+            # Models only: a loss module's graph is its input's.
+            if state is not None and state.parameters and self._grad_enabled():
+                self._after_model_forward(state, output)
             if not self.in_backward:
                 self.install.arm()
         except Exception as exc:
@@ -278,6 +317,11 @@ class RunProbe:
             self.in_backward += 1
             self.active = None
             self.install.disarm()
+            if self._pending:  # the forwards this backward is taken to go through
+                for state in self._pending:
+                    state.pending = False
+                    state.held = None
+                self._pending.clear()
         except Exception as exc:
             self._fail("backward wrapper", exc)
 
@@ -299,6 +343,8 @@ class RunProbe:
             loader.pending += wait
             if loader.tracker.on_batch(iterator, batch, wait):
                 loader.epoch_start = True
+            if self._pending:
+                self._settle_pending()
             if self.active is not None and not self.in_backward:
                 self.active = None
                 self.install.arm()
@@ -308,19 +354,18 @@ class RunProbe:
     # -- per top-level forward ------------------------------------------------------------------
 
     def _record_call(self, state: ModuleState, module: Any, args: Any) -> None:
-        torch = self.torch
         forwards = self.record.forwards
         state.calls += 1
         forwards.calls += 1
-        grad = torch.is_grad_enabled()
+        grad = self._grad_enabled()
         if grad:
             state.grad_calls += 1
             forwards.grad += 1
         else:
             forwards.no_grad += 1
-        if torch.is_inference_mode_enabled():
+        if self._inference_mode():
             state.inference_calls += 1
-        if _autocast_cuda(torch):
+        if self._autocast():
             state.autocast_calls += 1
             forwards.autocast += 1
         if getattr(module, "training", False):
@@ -329,7 +374,7 @@ class RunProbe:
             state.scan(module)  # the model moved since its last forward
         forwards.last = (state.name, state.param_devices, [], grad)
         first = args[0] if args else None
-        tensor = first if isinstance(first, torch.Tensor) else first_tensor(args)
+        tensor = first if isinstance(first, self._tensor_type) else first_tensor(args)
         if tensor is not None:
             self._note_input(state, tensor)
 
@@ -355,12 +400,48 @@ class RunProbe:
         if last is not None and name not in last[2]:
             last[2].append(name)
 
-    def _watch_graph(self, output: Any) -> None:
-        """Hook the autograd nodes of a grad-mode forward's outputs: a backward that runs
-        through any of them marks the forward as trained on (the hook holds no probe)."""
-        nodes = [tensor.grad_fn for tensor in _graph_tensors(output)]
+    # -- forwards without a backward (see the module docstring) ------------------------------
+
+    def _after_model_forward(self, state: ModuleState, output: Any) -> None:
+        """A grad-mode forward of a model ended: hold its output node, or watch it."""
+        nodes = _graph_nodes(output, self._tensor_type)
         if not nodes:
             return
+        if state.watch_mode is WatchMode.STREAKS and not state.pending:
+            state.held = nodes  # watched only if no backward comes first
+        else:
+            cell = self._watch(nodes)
+            if state.watch_mode is WatchMode.PROBATION and cell is not None \
+                    and len(state.first_cells) < WATCH_FIRST:
+                state.first_cells.append(cell)
+                if len(state.first_cells) == WATCH_FIRST:
+                    self._undecided.append(state)
+        if not state.pending:
+            state.pending = True
+            self._pending.append(state)
+
+    def _settle_pending(self) -> None:
+        """Something other than a backward came after the held forwards: watch them now."""
+        for state in self._pending:
+            if state.held is not None:
+                self._watch(state.held)
+                state.held = None
+
+    def _choose_watch_modes(self) -> None:
+        """At the step after a model's first WATCH_FIRST grad-mode forwards (their backwards
+        have run): streaks only if every one of them was backpropagated, else every forward."""
+        for state in self._undecided:
+            reached = all(cell[0] for cell in state.first_cells)
+            state.watch_mode = WatchMode.STREAKS if reached else WatchMode.EVERY
+            state.first_cells.clear()
+        self._undecided.clear()
+
+    def _watch(self, nodes: list[Any]) -> list[bool] | None:
+        """Hook autograd nodes of one forward's outputs: a backward that runs through any of
+        them marks the forward as trained on (the hook holds no probe)."""
+        outputs = self.record.forwards.graph_outputs
+        if len(outputs) >= MAX_GRAPH_OUTPUTS:
+            return None
         cell = [False]
 
         def reached(*_: Any, cell: list[bool] = cell) -> None:
@@ -369,7 +450,8 @@ class RunProbe:
         for node in nodes:
             register = getattr(node, "register_prehook", None) or node.register_hook
             register(reached)
-        self.record.forwards.graph_outputs.append(cell)
+        outputs.append(cell)
+        return cell
 
     # -- once per module, optimizer or device ---------------------------------------------------
 
@@ -388,7 +470,10 @@ class RunProbe:
             state.conv_layers = sum(1 for sub in module.modules() if isinstance(sub, conv))
         except Exception:
             state.conv_layers = None
-        if len(modules) < MAX_MODULES:
+        # A leaf without parameters (a loss, an activation) gets no hooks of its own: the
+        # global hook stays armed through its call, as nothing inside it is a module call.
+        state.leaf = not state.parameters and next(iter(module.children()), None) is None
+        if len(modules) < MAX_MODULES and not state.leaf:
             try:
                 self._hook_module(module, state)
             except Exception:  # e.g. a ScriptModule refuses hooks: re-armed at the next step
@@ -399,12 +484,11 @@ class RunProbe:
         return state
 
     def _hook_module(self, module: Any, state: ModuleState) -> None:
-        state.handles.append(module.register_forward_pre_hook(self._on_module_pre,
-                                                              with_kwargs=True))
         try:
-            handle = module.register_forward_hook(self._on_module_post, always_call=True)
+            handle = module.register_forward_hook(self._on_module_post, with_kwargs=True,
+                                                  always_call=True)
         except TypeError:  # torch < 2.1: no always_call; re-armed at the next step/batch
-            handle = module.register_forward_hook(self._on_module_post)
+            handle = module.register_forward_hook(self._on_module_post, with_kwargs=True)
         state.handles.append(handle)
 
     def _first_step(self, optimizer: Any) -> None:
@@ -452,14 +536,15 @@ class RunProbe:
     # -- NVML timeline and profiler window ------------------------------------------------------
 
     def _start_nvml(self, cuda_index: int) -> None:
-        """Sample NVML at step boundaries, at most every NVML_INTERVAL seconds.
+        """Sample NVML every NVML_INTERVAL seconds on a thread, off the training thread.
 
-        No background thread: with a thread running, every DataLoader worker fork makes
-        Python 3.12+ warn "This process is multi-threaded, use of fork() may lead to
-        deadlocks" into the user's warnings summary (an error under -W error)."""
+        The thread does not change what Python 3.12+ says when a DataLoader forks its
+        workers: torch's own threads (CUDA's, the intra-op pool's) already make the process
+        multi-threaded, and that warning already comes without the probe."""
         timeline = self.record.nvml
         try:
             from pytest_gputrain.collect import nvml
+            from pytest_gputrain.collect.sampler import NvmlSampler
 
             if not nvml.shared().available:
                 return
@@ -467,29 +552,28 @@ class RunProbe:
             if index is None:
                 return
             timeline.index = index
-            timeline.started = _perf()
-            self._nvml_sample(timeline.started)
+            self._sampler = NvmlSampler(index, NVML_INTERVAL, pids=[os.getpid()]).start()
         except Exception as exc:
             timeline.index = None
             self.record.errors.append(f"NVML sampling not started: {exc}")
 
-    def _nvml_sample(self, now: float) -> None:
-        from pytest_gputrain.collect import nvml
-
-        timeline = self.record.nvml
-        timeline.last = now
-        if timeline.index is None:
+    def _stop_nvml(self) -> None:
+        """Stop the sampler (it takes a last sample) and keep its timeline."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
             return
-        sample = nvml.read_sample(timeline.index, pids=[os.getpid()])
-        if sample is not None:
-            sample.t = now - timeline.started
-            timeline.samples.append(sample)
+        try:
+            sampler.stop()
+            self.record.nvml.samples = sampler.samples
+        except Exception as exc:
+            self.record.errors.append(f"NVML sampling: {exc}")
 
     def _start_window(self, first_step: int) -> None:
         busy = ProfilerWindow.busy_reason(self.torch)
         if busy is not None:
             self.record.window_facts = {"captured": False, "reason": busy}
             return
+        teardown = ask_for_teardown(self.torch)
         window = ProfilerWindow(self.torch, self.record.devices.cuda_index or 0)
         try:
             window.start(first_step)
@@ -498,6 +582,7 @@ class RunProbe:
                                   "reason": f"torch.profiler did not start: {exc}"}
             return
         self.window = window
+        self._teardown = teardown
 
     def _stop_window(self, steps: int, cuda_ok: bool = True) -> None:
         window, self.window = self.window, None
@@ -506,6 +591,8 @@ class RunProbe:
         record = self.record
         try:
             record.window_facts = window.stop(max(1, steps), cuda_ok=cuda_ok)
+            record.window_facts["cupti_teardown"] = self._teardown.on
+            record.window_facts["cupti_teardown_reason"] = self._teardown.reason
             if cuda_ok and record.devices.cuda_index is not None:
                 record.allocator.window = memory_stats(self.torch, record.devices.cuda_index)
         except Exception as exc:
@@ -514,8 +601,23 @@ class RunProbe:
 
     def _count_graph_outputs(self) -> None:
         forwards = self.record.forwards
-        forwards.without_backward = sum(1 for cell in forwards.graph_outputs if not cell[0])
+        # A held forward had no backward up to the test's end: none can reach it now.
+        held = sum(1 for state in self._pending if state.held is not None)
+        for state in self._pending:
+            state.held = None
+        self._pending.clear()
+        self._undecided.clear()
+        forwards.without_backward = held + sum(
+            1 for cell in forwards.graph_outputs if not cell[0])
         forwards.graph_outputs.clear()
+
+
+def _graph_nodes(output: Any, tensor_type: Any) -> list[Any]:
+    """The autograd nodes of up to 4 outputs of a forward (the common case, one tensor, first)."""
+    if isinstance(output, tensor_type):
+        node = output.grad_fn
+        return [node] if node is not None else []
+    return [tensor.grad_fn for tensor in _graph_tensors(output)]
 
 
 def _graph_tensors(value: Any, depth: int = 0, found: list[Any] | None = None) -> list[Any]:
@@ -542,9 +644,11 @@ def _graph_tensors(value: Any, depth: int = 0, found: list[Any] | None = None) -
     return found
 
 
-def _autocast_cuda(torch: Any) -> bool:
+def autocast_check(torch: Any) -> Callable[[], bool]:
+    """A call that tells whether CUDA autocast is on (torch < 2.4 takes no device)."""
     try:
-        return bool(torch.is_autocast_enabled("cuda"))
-    except TypeError:  # torch < 2.4
-        return bool(torch.is_autocast_enabled())
+        torch.is_autocast_enabled("cuda")
+    except TypeError:
+        return torch.is_autocast_enabled  # type: ignore[no-any-return]
+    return functools.partial(torch.is_autocast_enabled, "cuda")
 

@@ -240,6 +240,7 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.device = f"cuda:{index}"
     readings = record.allocator
     allocated = record.steps.allocated
+    stride = max(1, record.steps.allocated_stride)
     start = readings.start.get(index, {})
     end = readings.end
     steady = readings.window or end
@@ -255,7 +256,8 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.allocated_start = start.get("allocated_bytes.all.current")
     facts.allocated_end = allocated[-1] if allocated else end.get("allocated_bytes.all.current")
     if allocated:
-        facts.steady_allocated = int(statistics.median(allocated[record.warmup:] or allocated))
+        facts.steady_allocated = int(statistics.median(
+            allocated[_first_reading_at(record.warmup, stride):] or allocated))
     facts.peak_allocated = end.get("allocated_bytes.all.peak")
     facts.peak_reserved = end.get("reserved_bytes.all.peak")
     facts.reserved_end = steady.get("reserved_bytes.all.current")
@@ -274,25 +276,33 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     if facts.inactive_split is not None and facts.reserved_end:
         facts.inactive_split_percent = round(
             100.0 * facts.inactive_split / facts.reserved_end, 2)
-    facts.allocated_per_step = thin(allocated)
-    _growth(facts, allocated, record.warmup, demand)
+    facts.allocated_per_step = list(allocated)
+    facts.allocated_stride = stride
+    _growth(facts, allocated, stride, record.warmup, demand)
     _batch_model(facts, batch_size(record), demand)
     return facts
 
 
-def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
-    """Least-squares slope of the allocated bytes over the steps after warm-up."""
-    points = allocated[warmup + 1:]
-    facts.growth_steps = len(points)
+def _first_reading_at(step: int, stride: int) -> int:
+    """The first allocator reading taken at 0-based step ``step`` or later."""
+    return -(-step // stride)
+
+
+def _growth(facts: MemoryFacts, allocated: list[int], stride: int, warmup: int,
+            demand: int | None) -> None:
+    """Least-squares slope of the allocated bytes over the steps after warm-up (readings are
+    ``stride`` steps apart)."""
+    points = allocated[_first_reading_at(warmup + 1, stride):]
+    facts.growth_steps = (len(points) - 1) * stride + 1 if points else 0
     if len(points) < 3:
-        facts.unknown["growth_per_step"] = f"{len(allocated)} step(s): too few to fit"
+        facts.unknown["growth_per_step"] = f"{len(allocated)} reading(s): too few to fit"
         return
     n = len(points)
     mean_x = (n - 1) / 2
     mean_y = statistics.fmean(points)
     sxx = sum((i - mean_x) ** 2 for i in range(n))
     sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
-    slope = sxy / sxx
+    slope = sxy / sxx / stride
     facts.growth_per_step = round(slope, 1)
     facts.growth_total = points[-1] - points[0]
     rises = sum(1 for a, b in itertools.pairwise(points) if b > a)

@@ -16,6 +16,8 @@ from typing import Any
 from pytest_gputrain.facts import DeviceSample
 from pytest_gputrain.probe.loader import LoaderTracker
 
+ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
+
 
 class StepFlag(enum.Enum):
     """What was special about an optimizer step; only STEADY steps make the steady statistics."""
@@ -35,9 +37,25 @@ class StepSeries:
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
-    allocated: list[int] = field(default_factory=list)  # allocator's bytes (CUDA runs only)
     flags: list[StepFlag] = field(default_factory=list)
     after_window: bool = False  # the next step is the first after the profiler window
+    # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
+    # allocated_stride: read at every step until ALLOCATED_CAPACITY readings, then every
+    # second one is dropped and the stride doubles, so the readings stay evenly spaced and
+    # a long run pays for a few dozen reads per doubling of its length.
+    allocated: list[int] = field(default_factory=list)
+    allocated_stride: int = 1
+
+    def allocated_due(self, index: int) -> bool:
+        """Step ``index`` (0-based) is one whose allocated bytes the series keeps."""
+        return index % self.allocated_stride == 0
+
+    def add_allocated(self, value: int) -> None:
+        allocated = self.allocated
+        allocated.append(value)
+        if len(allocated) >= ALLOCATED_CAPACITY:
+            del allocated[1::2]
+            self.allocated_stride *= 2
 
 
 @dataclass(slots=True)
@@ -67,13 +85,22 @@ class SyncCounts:
     by_call: dict[str, int] = field(default_factory=dict)
 
 
+class WatchMode(enum.Enum):
+    """Which grad-mode forwards of a model get their graph watched (``run.py``'s docstring)."""
+
+    PROBATION = "its first forwards, every one"
+    STREAKS = "those after another forward with no backward in between"
+    EVERY = "every one"
+
+
 class ModuleState:
     """One top-level module: its calls, parameters and the inputs it saw."""
 
-    __slots__ = ("autocast_calls", "calls", "conv_layers", "first_device", "first_param",
-                 "grad_calls", "handles", "inference_calls", "input_devices", "input_shapes",
-                 "last_device", "last_device_name", "last_shape", "name", "param_devices",
-                 "param_dtypes", "parameters", "ref", "training_calls")
+    __slots__ = ("autocast_calls", "calls", "conv_layers", "first_cells", "first_device",
+                 "first_param", "grad_calls", "handles", "held", "inference_calls",
+                 "input_devices", "input_shapes", "last_device", "last_device_name",
+                 "last_shape", "leaf", "name", "param_devices", "param_dtypes", "parameters",
+                 "pending", "ref", "training_calls", "watch_mode")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -92,6 +119,13 @@ class ModuleState:
         self.last_shape: Any = None
         self.parameters: int | None = None
         self.conv_layers: int | None = None
+        self.leaf = False  # no child modules and no parameters (a loss, an activation)
+        # Watching its forwards' graphs: the mode, the cells of the first forwards, whether a
+        # grad-mode forward came since the last backward, and the output nodes held of it.
+        self.watch_mode = WatchMode.PROBATION
+        self.first_cells: list[list[bool]] = []
+        self.pending = False
+        self.held: list[Any] | None = None
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []
@@ -161,12 +195,10 @@ class AllocatorReadings:
 
 @dataclass(slots=True)
 class NvmlTimeline:
-    """NVML samples of the training device, read at step boundaries."""
+    """NVML samples of the training device, taken on a sampler thread while the test ran."""
 
     index: int | None = None  # NVML index; None: not sampling
-    samples: list[DeviceSample] = field(default_factory=list)
-    started: float = 0.0
-    last: float = 0.0  # clock of the last sample
+    samples: list[DeviceSample] = field(default_factory=list)  # copied in when the test ends
 
 
 @dataclass(slots=True)

@@ -6,7 +6,9 @@ What is installed (and only while a diagnosed test's call phase runs):
   the step boundary;
 - a global module forward pre hook, *armed only between top-level forwards*: it sees the first
   module called outside any other module's forward, then disarms itself so that submodules keep
-  PyTorch's hook-free fast path; a forward hook on that top-level module re-arms it;
+  PyTorch's hook-free fast path; a forward hook on that top-level module (with its keyword
+  arguments, called also when the forward raises) re-arms it. A leaf module without parameters
+  (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
 - wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
 - wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
   ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors;
