@@ -415,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="steps per round (default per loop)")
     parser.add_argument("--warmup", type=int, help="warm-up steps (default per loop; the "
                         "probe's profiler window, steps 3-6, must fall inside)")
+    parser.add_argument("--size", action="append", default=[], metavar="LOOP.KEY=N",
+                        help="change one size, e.g. mlp.batch=2048 (repeatable; keys as printed)")
     parser.add_argument("--item-every", type=int, default=25,
                         help="steps between two loss.item() calls (default 25)")
     parser.add_argument("--seed", type=int, default=0, help="for the round order")
@@ -432,9 +434,6 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
-    if args.warmup is not None and args.warmup < 8:
-        parser.error(f"--warmup must be at least 8 (the profiler window ends at step 6 and "
-                     f"the step after it is the window's too), got {args.warmup}")
 
     started = time.perf_counter()
     sizes = {loop: dict(SIZES[args.device][loop]) for loop in loops}
@@ -443,6 +442,19 @@ def main(argv: list[str] | None = None) -> int:
             sizes[loop]["steps"] = args.steps
         if args.warmup:
             sizes[loop]["warmup"] = args.warmup
+    for text in args.size:
+        name, _, value = text.partition("=")
+        loop, _, key = name.partition(".")
+        if loop not in sizes or key not in sizes[loop] or not value.isdigit() or int(value) < 1:
+            parser.error(f"--size {text!r}: expected LOOP.KEY=N with LOOP one of "
+                         f"{', '.join(sizes)}, KEY one of its sizes and N >= 1, e.g. "
+                         f"mlp.batch=2048")
+        sizes[loop][key] = int(value)
+    for loop in loops:
+        if sizes[loop]["warmup"] < 8:
+            parser.error(f"{loop}: the warm-up must be at least 8 steps (the profiler window "
+                         f"ends at step 6, and the step after it is the window's too), got "
+                         f"{sizes[loop]['warmup']}")
     autoload = plugin_autoloads()
     rng = random.Random(args.seed)
     processes: list[Process] = []
