@@ -1,8 +1,8 @@
 """The run probe's host cost per training step, on any machine (a CPU is enough).
 
-A small training step (an MLP, a loss module, SGD; optionally batches from a DataLoader) runs
-with and without a ``RunProbe`` installed in-process, as the plugin installs it around a test
-call (no NVML sampler; the profiler window needs CUDA). Two measures:
+A small training step (an MLP, a loss module, SGD or foreach AdamW, batches from a DataLoader
+or not) runs with and without a ``RunProbe`` installed in-process, as the plugin installs it
+around a test call (no NVML sampler; the profiler window needs CUDA). Two measures:
 
 - time: thread CPU time per step, the mean of the fastest tenth of ``--blocks`` blocks of
   ``--steps`` steps (the fastest blocks are the ones other processes disturbed least), for
@@ -37,10 +37,14 @@ from torch import nn
 from pytest_gputrain.probe.run import RunProbe
 
 
-def make_step(use_loader: bool) -> Callable[[], None]:
+def make_step(use_loader: bool, optimizer_name: str) -> Callable[[], None]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer: torch.optim.Optimizer
+    if optimizer_name == "adamw":  # foreach AdamW: .item() on each parameter's step counter
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = nn.CrossEntropyLoss()
     batch = (torch.randn(4, 8), torch.randint(0, 2, (4,)))
 
@@ -109,6 +113,7 @@ def probed(action: Callable[[], Any]) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-loader", action="store_true", help="no DataLoader in the step")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--blocks", type=int, default=300, help="timed blocks per side")
     parser.add_argument("--steps", type=int, default=20, help="steps per block")
     parser.add_argument("--repeat", type=int, default=3, help="alternations of the two sides")
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.blocks, args.steps, args.repeat) < 1:
         parser.error("--blocks, --steps and --repeat must be at least 1")
     torch.set_num_threads(1)
-    step = make_step(not args.no_loader)
+    step = make_step(not args.no_loader, args.optimizer)
     for _ in range(50):  # warm-up
         step()
     plain_times, probe_times = [], []
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     probe_calls = probed(counted)
     loader = "without a DataLoader" if args.no_loader else "with a DataLoader"
-    print(f"torch {torch.__version__}, one thread, {loader}")
+    print(f"torch {torch.__version__}, one thread, {loader}, {args.optimizer}")
     print(f"  thread CPU time per step: plain {plain * 1e6:.1f} µs, probe {probe * 1e6:.1f} µs "
           f"(+{(probe - plain) * 1e6:.1f} µs)")
     print(f"  Python calls per step: plain {plain_calls[0]:.0f}, probe {probe_calls[0]:.0f} "

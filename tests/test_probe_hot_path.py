@@ -390,3 +390,19 @@ def test_a_held_graph_is_let_go_before_the_next_forward_runs() -> None:
         probe.stop()
     assert model.alive_at_start[-5:] == [0] * 5
     assert probe.facts().forwards_without_backward == 5
+
+
+def test_sync_wrappers_keep_every_signature_and_count_no_cpu_call() -> None:
+    tensor = torch.tensor([1.5, 2.5])
+    probe = _probe()
+    probe.start()
+    try:
+        assert torch.Tensor.item.__name__ == "item"  # type: ignore[attr-defined]
+        assert tensor[0].item() == 1.5 and float(tensor[1]) == 2.5 and int(tensor[1]) == 2
+        assert bool(tensor[0]) and tensor.tolist() == [1.5, 2.5]
+        assert tensor.cpu(memory_format=torch.preserve_format) is tensor
+        with pytest.raises(TypeError):
+            tensor.item(0)  # type: ignore[call-arg]
+    finally:
+        probe.stop()
+    assert probe.record.syncs.pending == 0 and probe.record.syncs.by_call == {}
