@@ -89,6 +89,7 @@ class DeviceFacts(FactGroup):
     temperature_slowdown: float | None = fact("°C", "temperature at which the GPU slows down")
     power_draw: float | None = fact("W", "power draw")
     power_limit: float | None = fact("W", "enforced power limit")
+    power_limit_default: float | None = fact("W", "default power limit of the board")
     utilization_gpu: float | None = fact("%", "time with a kernel running, last sample period")
     sm_clock: float | None = fact("MHz", "current SM clock")
     sm_clock_max: float | None = fact("MHz", "maximum SM clock")
@@ -131,6 +132,10 @@ class DeviceSample(BaseModel):
     clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask")
     process_memory: int | None = fact(
         "bytes", "GPU memory held by the processes a sampler was asked to follow (else unknown)")
+    other_process_memory: int | None = fact(
+        "bytes", "GPU memory held by processes outside the session a sampler was given (else "
+                 "unknown; also unknown when NVML lists this process under another PID)")
+    other_process_count: int | None = fact(doc="processes outside that session on the GPU")
 
 
 class TorchFacts(FactGroup):
@@ -176,6 +181,13 @@ class EnvFacts(FactGroup):
     cuda_launch_blocking: bool = fact(doc="CUDA_LAUNCH_BLOCKING=1", default=False)
     pytorch_cuda_alloc_conf: str | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF")
     nccl_variables: dict[str, str] = Field(default_factory=dict, description="NCCL_* variables")
+    cuda_memory_caching_disabled: bool = fact(
+        doc="PYTORCH_NO_CUDA_MEMORY_CACHING is set (not 0): every allocation is a cudaMalloc",
+        default=False)
+    compile_debug_settings: list[str] = Field(
+        default_factory=list,
+        description="torch.compile debugging switches that are on (TORCH_COMPILE_DEBUG=1, "
+                    "TORCH_LOGS=+dynamo, TORCH_TRACE, ...), as NAME=value")
 
 
 class ToolFacts(FactGroup):

@@ -27,6 +27,36 @@ def test_only_relevant_variables_are_read_and_secrets_never() -> None:
     assert read_environment({}).cuda_visible_devices is None
 
 
+@pytest.mark.parametrize(("environ", "disabled"), [
+    ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, True),
+    ({"PYTORCH_NO_CUDA_MEMORY_CACHING": "0"}, False),
+    ({"PYTORCH_NO_CUDA_MEMORY_CACHING": ""}, False),
+    ({"PYTORCH_NO_HIP_MEMORY_CACHING": "true"}, True),
+    ({}, False),
+])
+def test_memory_caching_switch(environ: dict[str, str], disabled: bool) -> None:
+    facts = read_environment(environ)
+    assert facts.cuda_memory_caching_disabled is disabled
+    assert facts.variables == environ
+
+
+@pytest.mark.parametrize(("environ", "found"), [
+    ({"TORCH_COMPILE_DEBUG": "1"}, ["TORCH_COMPILE_DEBUG=1"]),
+    ({"TORCH_COMPILE_DEBUG": "0"}, []),
+    ({"TORCH_LOGS": "recompiles,graph_breaks"}, []),
+    ({"TORCH_LOGS": "+dynamo"}, ["TORCH_LOGS=+dynamo"]),
+    ({"TORCH_LOGS": "recompiles, output_code"}, ["TORCH_LOGS=recompiles, output_code"]),
+    ({"TORCH_LOGS": "-dynamo"}, []),
+    ({"TORCH_TRACE": "/tmp/trace"}, ["TORCH_TRACE=/tmp/trace"]),
+    ({"TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "TORCHDYNAMO_VERBOSE": "1"},
+     ["TORCHINDUCTOR_FORCE_DISABLE_CACHES=1", "TORCHDYNAMO_VERBOSE=1"]),
+])
+def test_compile_debug_switches(environ: dict[str, str], found: list[str]) -> None:
+    facts = read_environment(environ)
+    assert facts.compile_debug_settings == found
+    assert facts.variables == dict(sorted(environ.items()))
+
+
 def test_nvml_errors_become_readings_with_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
         def nvmlInit(self) -> None:

@@ -227,3 +227,25 @@ def test_xdist_diagnoses_once_on_the_controller(
     result = pytester.runpytest_subprocess("--gpu-diagnose", "-n", "2", "--gpu-fail-on=never")
     assert result.ret == 0
     assert result.stdout.str().count("gputrain diagnosis") == 1
+
+
+def test_debugging_switches_in_the_environment_are_read_and_judged(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GT022/GT023 from the real collector: the variables reach the facts and the rules."""
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+    monkeypatch.setenv("TORCH_COMPILE_DEBUG", "1")
+    monkeypatch.setenv("TORCH_LOGS", "recompiles")
+    pytester.makepyfile("def test_ok(): pass")
+    result = pytester.runpytest("--gpu-diagnose", "--gpu-facts-out=facts.json",
+                                "--gpu-report=report.json", "--gpu-fail-on=never")
+    assert result.ret == 0
+    env = json.loads((pytester.path / "facts.json").read_text())["environment"]["env"]
+    assert env["cuda_memory_caching_disabled"] is True
+    assert env["compile_debug_settings"] == ["TORCH_COMPILE_DEBUG=1"]
+    codes = {f["code"]: f for f in
+             json.loads((pytester.path / "report.json").read_text())["findings"]}
+    assert codes["GT023"]["severity"] == "info"
+    cuda = json.loads((pytester.path / "facts.json").read_text())[
+        "environment"]["torch"]["cuda_available"]
+    assert ("GT022" in codes) is bool(cuda)  # only where CUDA works

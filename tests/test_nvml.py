@@ -65,6 +65,14 @@ class FakeBinding:
         self._answer("nvmlDeviceGetMemoryInfo")
         return SimpleNamespace(total=140 * GiB, free=100 * GiB, used=40 * GiB)
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        self._answer("nvmlDeviceGetEnforcedPowerLimit")
+        return 400_000  # mW: lowered with nvidia-smi -pl 400
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
+        self._answer("nvmlDeviceGetPowerManagementDefaultLimit")
+        return 700_000
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
         self._answer("nvmlDeviceGetComputeRunningProcesses_v3")
         return self.processes
@@ -262,6 +270,27 @@ def test_device_facts_and_samples_use_the_same_listing() -> None:
     assert sample is not None and sample.process_memory == 3 * GiB
 
 
+# -- power limits ---------------------------------------------------------------------------------
+
+
+def test_power_limits_enforced_and_default_in_watts() -> None:
+    enforced, default = nvml.read_power_limits(0, session())
+    assert (enforced.value, default.value) == (400.0, 700.0)
+    device = nvml.read_device(0, own_pids=set(), nvml=session())
+    assert (device.power_limit, device.power_limit_default) == (400.0, 700.0)
+
+
+def test_a_default_limit_nvml_cannot_tell_is_unknown_with_its_reason() -> None:
+    fake = session(fail={"nvmlDeviceGetPowerManagementDefaultLimit":
+                         pynvml.NVML_ERROR_NOT_SUPPORTED})
+    enforced, default = nvml.read_power_limits(0, fake)
+    assert enforced.value == 400.0
+    assert not default.ok and default.error == "Not Supported"
+    device = nvml.read_device(0, own_pids=set(), nvml=fake)
+    assert device.power_limit_default is None
+    assert device.unknown["power_limit_default"] == "Not Supported"
+
+
 # -- the callers outside collect/ -----------------------------------------------------------------
 
 
@@ -333,3 +362,47 @@ def test_the_boundary_scan_sees_imports_and_call_names(tmp_path: Path) -> None:
     assert nvml_uses(module) == [
         "feature.py:1: import pynvml", "feature.py:2: import pynvml.smi",
         "feature.py:4: 'pynvml'", "feature.py:5: 'nvmlDeviceGetName'"]
+
+
+def test_samples_count_processes_outside_the_session() -> None:
+    me = os.getpid()
+    sibling = me + 1  # a pytest-xdist worker of this session: not "another process"
+    fake = session(processes=[process(me, GiB), process(4242, 132 * GiB), process(sibling, GiB)])
+    sample = nvml.read_sample(0, fake, pids=[me], session_pids={me, sibling})
+    assert sample is not None and sample.process_memory == GiB
+    assert (sample.other_process_memory, sample.other_process_count) == (132 * GiB, 1)
+    assert nvml.read_sample(0, fake, pids=[me]).other_process_memory is None  # not asked
+
+
+def test_other_processes_are_unknown_when_this_process_is_listed_under_another_pid(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getpid()
+    # A container's PID namespace: NVML lists this process under a host PID.
+    foreign = session(processes=[process(2**22 + 1, 5 * GiB), process(4242, 132 * GiB)])
+    sample = nvml.read_sample(0, foreign, pids=[me], session_pids={me})
+    assert sample is not None and sample.process_memory == 0
+    assert sample.other_process_memory is None and sample.other_process_count is None
+    monkeypatch.setattr(nvml, "_shared", foreign)
+    assert failures.read_other_processes(0, {me}) is None
+    monkeypatch.setattr(nvml, "_shared", session(processes=[process(me, GiB),
+                                                            process(4242, 132 * GiB)]))
+    assert failures.read_other_processes(0, {me}) == (132 * GiB, 1)
+    monkeypatch.setattr(nvml, "_shared", session(processes=[]))
+    assert failures.read_other_processes(0, {me}) == (0, 0)
+
+
+def test_session_processes_leave_out_the_tests_own_children(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        assert nvml.session_process_ids() == {os.getpid()}
+        assert child.pid in nvml.own_process_ids()  # the session-start view counts children
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+        pids = nvml.session_process_ids()
+        assert os.getppid() in pids and os.getpid() in pids and child.pid not in pids
+    finally:
+        child.kill()
+        child.wait()

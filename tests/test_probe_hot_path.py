@@ -9,6 +9,7 @@ that is safe. CPU torch runs every loop here.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -290,21 +291,35 @@ def test_nvml_is_sampled_on_a_thread_and_the_thread_ends_with_the_test(
     from pytest_gputrain.collect import nvml
 
     readers: list[str] = []
+    pid_reads: list[int] = []
 
-    def read_sample(index: int, nvml: Any = None, pids: Any = None) -> DeviceSample:
+    def read_sample(index: int, nvml: Any = None, pids: Any = None,
+                    session_pids: Any = None) -> DeviceSample:
         readers.append(threading.current_thread().name)
-        return DeviceSample(utilization_gpu=50.0, process_memory=GiB)
+        assert pids == [os.getpid()] and session_pids == {os.getpid()}
+        return DeviceSample(utilization_gpu=50.0, process_memory=GiB,
+                            other_process_memory=2 * GiB, other_process_count=1)
 
+    def session_process_ids() -> set[int]:
+        pid_reads.append(1)
+        return {os.getpid()}
+
+    unknown = types.SimpleNamespace(ok=False, value=None)
     monkeypatch.setattr(nvml, "shared", lambda: types.SimpleNamespace(available=True))
     monkeypatch.setattr(nvml, "index_for_cuda_device", lambda index: 0)
+    monkeypatch.setattr(nvml, "read_power_limits", lambda index: (unknown, unknown))
+    monkeypatch.setattr(nvml, "session_process_ids", session_process_ids)
     monkeypatch.setattr(nvml, "read_sample", read_sample)
+    monkeypatch.setattr(run, "PIDS_REFRESH", 0.0)  # re-read while other processes show up
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=True)
     probe._start_nvml(0)
     time.sleep(3 * run.NVML_INTERVAL)
     probe._stop_nvml()
-    samples = probe.record.nvml.samples
-    assert len(samples) >= 3 and probe.record.nvml.index == 0
+    timeline = probe.record.nvml
+    assert probe.errors == [] and timeline.index == 0
+    assert len(timeline.samples) >= 3 and timeline.before_stop == len(timeline.samples) - 1
     assert readers[0].startswith("gputrain-nvml-sampler")  # not the training thread
+    assert len(pid_reads) >= 2  # at the start, and again once other processes were seen
     assert not any(t.name.startswith("gputrain-nvml-sampler") for t in threading.enumerate())
     assert probe.facts().nvml.utilization_mean == 50.0
 

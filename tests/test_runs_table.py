@@ -30,7 +30,7 @@ def test_no_line_is_longer_than_the_width_unless_one_segment_is(width: int) -> N
 
 def test_the_runs_table_shows_whole_ids_wrapped_by_segment() -> None:
     runs = [{"nodeid": LONG_ID, "steps": 40, "device": "cuda:0", "step_time": 0.0123,
-             "loader": {"wait_percent": 63.0}, "memory": {"peak_reserved": 2**31}},
+             "loader": {"wait_percent": 63.0}, "memory": {"peak_memory": 2**31}},
             {"nodeid": "tests/test_cpu.py::test_fit", "steps": 3, "device": "cpu"},
             {"nodeid": "tests/test_cpu.py::test_no_steps", "steps": 0}]
     lines = runs_lines(runs, width=100)
@@ -38,4 +38,5 @@ def test_the_runs_table_shows_whole_ids_wrapped_by_segment() -> None:
     first_column = [line.split("  ", 1)[0].strip() for line in lines[3:]]
     assert "".join(first_column[:6]) == LONG_ID  # nothing cut, nothing dropped
     assert lines[3].startswith("sample_projects/pipelines/") and "12.3 ms" in lines[3]
+    assert "peak memory" in lines[1] and "2.0 GiB" in lines[3]
     assert first_column[6] == "tests/test_cpu.py::test_fit"

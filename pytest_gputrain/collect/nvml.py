@@ -207,6 +207,8 @@ def read_device(index: int, own_pids: set[int] | None = None, nvml: Nvml | None 
     _set(facts, "power_draw", nvml.call("nvmlDeviceGetPowerUsage", handle), lambda v: v / 1000)
     _set(facts, "power_limit", nvml.call("nvmlDeviceGetEnforcedPowerLimit", handle),
          lambda v: v / 1000)
+    _set(facts, "power_limit_default",
+         nvml.call("nvmlDeviceGetPowerManagementDefaultLimit", handle), lambda v: v / 1000)
     _set(facts, "utilization_gpu", nvml.call("nvmlDeviceGetUtilizationRates", handle),
          lambda v: float(v.gpu))
     _set(facts, "sm_clock", nvml.call("nvmlDeviceGetClockInfo", handle, 1), float)
@@ -317,12 +319,36 @@ def own_process_ids() -> set[int]:
     return pids
 
 
-def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | None = None
-                ) -> DeviceSample | None:
+def session_process_ids() -> set[int]:
+    """This process and, on a pytest-xdist worker, the controller and its other workers: the
+    processes whose GPU memory is this test session's own while a test runs. Unlike
+    ``own_process_ids`` it leaves out this process's children, so a process a test starts (a
+    server, an evaluation worker) counts as another process on the GPU."""
+    pids = {os.getpid()}
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return pids
+    try:
+        import psutil
+
+        parent = psutil.Process().parent()
+        if parent is not None:
+            pids.add(parent.pid)
+            pids.update(child.pid for child in parent.children(recursive=False))
+    except Exception:
+        pass
+    return pids
+
+
+def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | None = None,
+                session_pids: Collection[int] | None = None) -> DeviceSample | None:
     """One cheap sample of a GPU's state (for samplers); None when NVML cannot answer.
 
     With ``pids``, the sample also holds the memory those processes use on the GPU
-    (``process_memory``: one more NVML call, the compute process list).
+    (``process_memory``: one more NVML call, the compute process list). With ``session_pids``
+    too (a superset of ``pids``: the test session's processes), the same list gives the memory
+    and number of every other process (``other_process_memory``, ``other_process_count``);
+    these stay unknown when none of ``pids`` is listed while others are (NVML reports PIDs of
+    another namespace, so this process cannot be told from the others).
     """
     nvml = nvml or shared()
     handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
@@ -336,6 +362,7 @@ def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | No
     clock = nvml.call("nvmlDeviceGetClockInfo", h, 1)
     reasons = nvml.first(("nvmlDeviceGetCurrentClocksEventReasons",
                           "nvmlDeviceGetCurrentClocksThrottleReasons"), h)
+    own, others, other_count = _process_figures(nvml, h, pids, session_pids)
     return DeviceSample(
         utilization_gpu=float(util.value.gpu) if util.ok else None,
         memory_used=int(memory.value.used) if memory.ok else None,
@@ -343,7 +370,7 @@ def read_sample(index: int, nvml: Nvml | None = None, pids: Collection[int] | No
         temperature=float(temperature.value) if temperature.ok else None,
         sm_clock=float(clock.value) if clock.ok else None,
         clock_event_reasons=int(reasons.value) if reasons.ok else None,
-        process_memory=_process_memory(nvml, h, pids) if pids is not None else None,
+        process_memory=own, other_process_memory=others, other_process_count=other_count,
     )
 
 
@@ -383,6 +410,21 @@ def read_device_count(nvml: Nvml | None = None) -> Reading:
 def read_name(index: int, nvml: Nvml | None = None) -> Reading:
     """The product name of GPU ``index`` (a ``str``)."""
     return _converted(_device_call(nvml or shared(), index, "nvmlDeviceGetName"), _decode)
+
+
+def read_power_limits(index: int, nvml: Nvml | None = None) -> tuple[Reading, Reading]:
+    """The enforced and the default power limit of GPU ``index``, in watts.
+
+    A software power cap is a fault only below the default limit: at the default, a fully
+    loaded GPU running at its limit is GPU Boost doing its job."""
+    nvml = nvml or shared()
+    return (_converted(_device_call(nvml, index, "nvmlDeviceGetEnforcedPowerLimit"), _watts),
+            _converted(_device_call(nvml, index, "nvmlDeviceGetPowerManagementDefaultLimit"),
+                       _watts))
+
+
+def _watts(milliwatts: Any) -> float:
+    return float(milliwatts) / 1000
 
 
 def read_compute_capability(index: int, nvml: Nvml | None = None) -> Reading:
@@ -448,10 +490,30 @@ def _list_processes(nvml: Nvml, handle: Any) -> Reading:
     return _converted(reading, convert)
 
 
-def _process_memory(nvml: Nvml, handle: Any, pids: Collection[int]) -> int | None:
-    """Bytes the processes ``pids`` hold on a GPU (0 when none of them is listed)."""
+def _process_figures(nvml: Nvml, handle: Any, pids: Collection[int] | None,
+                     session_pids: Collection[int] | None
+                     ) -> tuple[int | None, int | None, int | None]:
+    """``DeviceSample``'s process fields from one listing of the GPU's compute processes: the
+    memory of ``pids``, and the memory and number of processes outside ``session_pids``."""
+    if pids is None:
+        return None, None, None
     reading = _list_processes(nvml, handle)
-    return MemoryHolders.split(reading.value, set(pids)).own_memory if reading.ok else None
+    if not reading.ok:
+        return None, None, None
+    listed: list[ProcessMemory] = reading.value
+    wanted = set(pids)
+    own = MemoryHolders.split(listed, wanted).own_memory
+    if session_pids is None or (listed and not any(p.pid in wanted for p in listed)):
+        return own, None, None  # none asked, or another PID namespace: "others" unknown
+    others = MemoryHolders.split(listed, wanted | set(session_pids))
+    return own, others.other_memory, others.other_count
+
+
+def read_processes(index: int, nvml: Nvml | None = None) -> Reading:
+    """The compute processes on GPU ``index`` and their memory (a ``list[ProcessMemory]``)."""
+    nvml = nvml or shared()
+    handle = nvml.call("nvmlDeviceGetHandleByIndex", index)
+    return _list_processes(nvml, handle.value) if handle.ok else handle
 
 
 def read_memory_holders(index: int, own_pids: Collection[int], nvml: Nvml | None = None

@@ -1,7 +1,8 @@
 """GPU failures: classify the exception, read what can still be read, never touch a dead context.
 
-Classification works on the exception's type name and text alone, so a recorded failure (or a
-synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the same way anywhere. After
+Classification (``failure_kinds.py``) works on the exception's type name and text alone, so a
+recorded failure (or a synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the
+same way anywhere; this module adds what the traceback, the allocator and NVML tell. After
 a *sticky* error (illegal memory access, device-side assert, launch failure, any unrecognised
 CUDA error) the CUDA context is unusable and every further CUDA call fails or hangs: nothing is
 asked of CUDA then; NVML (a separate library) may still be read.
@@ -14,140 +15,40 @@ import re
 from types import TracebackType
 from typing import Any
 
+from pytest_gputrain.probe.failure_kinds import (
+    MEMORY_KINDS,
+    NO_CUDA_CALLS,
+    STICKY,
+    chain_text,
+    classify,
+    classify_exception,
+    compile_stage,
+    cuda_unavailable_cause,
+    driver_problem,
+    failing_exception,
+    in_loader_worker,
+    library_status,
+    loader_crash,
+    nccl_error,
+    nondeterministic_operation,
+    parse_devices,
+    parse_dtypes,
+    type_name,
+)
+from pytest_gputrain.probe.memory_peaks import own_peaks
+from pytest_gputrain.probe.oom_message import parse_oom as parse_oom  # re-exported
 from pytest_gputrain.run_facts import FailureFacts, FailureKind
 
-# (kind, patterns); the first kind with a matching pattern wins, so the order matters.
-_PATTERNS: tuple[tuple[FailureKind, tuple[str, ...]], ...] = (
-    ("oom", ("cuda out of memory", "outofmemoryerror", "cublas_status_alloc_failed",
-             "cudaerrormemoryallocation", "cuda error: out of memory",
-             "cudnn_status_alloc_failed", "hip out of memory")),
-    ("device_mismatch", ("expected all tensors to be on the same device",
-                         "should be the same or input should be a mkldnn tensor",
-                         "but expected it to be on gpu", "expected object of device type",
-                         "to be on the same device", "is on cpu, different from other tensors",
-                         "different from other tensors on cuda",
-                         "indices should be either on cpu or on the same device")),
-    ("no_kernel_image", ("no kernel image is available", "cudaerrornokernelimagefordevice",
-                         "invalid device function")),
-    ("driver_too_old", ("driver on your system is too old",
-                        "cuda driver version is insufficient", "cudaerrorinsufficientdriver",
-                        "driver version is insufficient")),
-    ("device_side_assert", ("device-side assert triggered", "cudaerrorassert",
-                            "device-side assertion")),
-    ("illegal_memory_access", ("illegal memory access", "cudaerrorillegaladdress",
-                               "misaligned address", "illegal instruction",
-                               "cudaerrormisalignedaddress")),
-    ("launch_failure", ("unspecified launch failure", "cudaerrorlaunchfailure",
-                        "the launch timed out", "launch timeout", "uncorrectable ecc error",
-                        "gpu has fallen off the bus")),
-    ("nccl", ("nccl", "processgroupnccl", "distbackenderror",
-              "watchdog caught collective operation timeout")),
-    ("cudnn", ("cudnn_status", "cudnn error")),
-    ("cublas", ("cublas_status", "cublas error")),
-    ("cuda_other", ("cuda error", "cuda driver error", "cudaerror", "cuda kernel errors",
-                    "cuda runtime error")),
-)
-
-# After these the context is dead: no CUDA call may be made (it would fail or hang).
-STICKY: frozenset[str] = frozenset(
-    {"illegal_memory_access", "device_side_assert", "launch_failure", "cuda_other", "nccl"})
-
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)"
-_UNITS = {"bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+# The classifier lives in failure_kinds.py; its names stay importable from here.
+__all__ = [
+    "MEMORY_KINDS", "NO_CUDA_CALLS", "STICKY", "allocator_state", "build_failure", "classify",
+    "classify_exception", "expandable_segments", "memory_fraction", "nccl_error",
+    "nvml_capability", "other_process_memory", "parse_devices", "parse_oom", "snapshot",
+    "traceback_module",
+]
 
 
-def classify(exc_type: str, message: str) -> FailureKind:
-    """The kind of GPU failure an exception is ('not_gpu' when it is none)."""
-    text = f"{exc_type}: {message}".lower()
-    if exc_type.rsplit(".", 1)[-1] in ("RankFailure", "RankTimeout"):
-        return "not_gpu"  # the distributed launcher's own diagnosis (GT308) has the rank detail
-    if exc_type.rsplit(".", 1)[-1] == "OutOfMemoryError" and "cuda" in text:
-        return "oom"
-    for kind, patterns in _PATTERNS:
-        if any(pattern in text for pattern in patterns):
-            if kind == "nccl" and not _looks_nccl(text):
-                continue
-            return kind
-    return "not_gpu"
 
-
-def _looks_nccl(text: str) -> bool:
-    # NCCL as a word or an NCCL error name, not "nccl" inside a file name.
-    return re.search(r"\bnccl\b|nccl(?:unhandled|system|internal|invalid|remote)"
-                     r"|processgroupnccl|distbackenderror|watchdog caught collective",
-                     text) is not None
-
-
-def _size(number: str, unit: str) -> int:
-    return round(float(number) * _UNITS[unit.lower()])
-
-
-def parse_oom(message: str) -> dict[str, Any]:
-    """The numbers in PyTorch's CUDA OOM message (both the 2.x and the 1.x wording)."""
-    found: dict[str, Any] = {}
-
-    def grab(key: str, pattern: str) -> None:
-        match = re.search(pattern, message, re.IGNORECASE)
-        if match:
-            found[key] = _size(match.group(1), match.group(2))
-
-    grab("requested", r"tried to allocate " + _SIZE)
-    # 2.x: "GPU 0 has a total capacity of 79.15 GiB of which 9.44 MiB is free."
-    grab("total", r"total capacity of " + _SIZE)
-    grab("free", r"of which " + _SIZE + r" is free")
-    grab("process_in_use", r"this process has " + _SIZE + r" memory in use")
-    grab("allocated", r"of the allocated memory " + _SIZE + r" is allocated by pytorch")
-    grab("reserved_unallocated", _SIZE + r" is reserved by pytorch but unallocated")
-    # 1.x: "(GPU 0; 15.78 GiB total capacity; 12.91 GiB already allocated; 1.05 GiB free;
-    #       13.07 GiB reserved in total by PyTorch)"
-    grab("total", _SIZE + r" total capacity")
-    grab("allocated", _SIZE + r" already allocated")
-    grab("free", r"; " + _SIZE + r" free")
-    grab("reserved", _SIZE + r" reserved in total by pytorch")
-    device = re.search(r"\bGPU (\d+)\b", message)
-    if device:
-        found["device_index"] = int(device.group(1))
-    others = 0
-    own = os.getpid()
-    for pid, number, unit in re.findall(r"Process (\d+) has " + _SIZE + r" memory in use",
-                                        message):
-        if int(pid) != own:
-            others += _size(number, unit)
-    if others:
-        found["other_processes"] = others
-    if "allocated" in found and "reserved_unallocated" in found and "reserved" not in found:
-        found["reserved"] = found["allocated"] + found["reserved_unallocated"]
-    if "reserved" in found and "allocated" in found and "reserved_unallocated" not in found:
-        found["reserved_unallocated"] = max(0, found["reserved"] - found["allocated"])
-    return found
-
-
-def parse_devices(message: str) -> list[str]:
-    """Devices an error message names, in order (cuda:0, cpu; torch.cuda.FloatTensor -> cuda)."""
-    devices: list[str] = []
-    for match in re.finditer(
-            r"\b(cuda:\d+|cuda|cpu|mps|meta|xpu:\d+|xpu)\b|torch\.(cuda\.)?\w*Tensor",
-            message, re.IGNORECASE):
-        device = match.group(1).lower() if match.group(1) else (
-            "cuda" if match.group(2) else "cpu")
-        if device not in devices:
-            devices.append(device)
-    return devices
-
-
-def nccl_error(message: str) -> str | None:
-    text = message.lower()
-    for needle, label in (("unhandled cuda error", "unhandled cuda error"),
-                          ("unhandledcudaerror", "unhandled cuda error"),
-                          ("system error", "system error"), ("systemerror", "system error"),
-                          ("internal error", "internal error"), ("internalerror", "internal error"),
-                          ("invalid usage", "invalid usage"), ("invalidusage", "invalid usage"),
-                          ("remote error", "remote error"), ("remoteerror", "remote error"),
-                          ("timeout", "timeout"), ("timed out", "timeout")):
-        if needle in text:
-            return label
-    return None
 
 
 def _devices_of(tensors: list[Any]) -> list[str]:
@@ -277,11 +178,13 @@ def build_failure(nodeid: str, when: str, exc: BaseException, tb: TracebackType 
     ``state`` is the allocator state taken right after the failure (``snapshot``); the rest
     comes from the message, the traceback, the probe's records and NVML.
     """
-    exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    message = str(exc)
-    kind = classify(exc_type, message)
+    kind, source = failing_exception(exc)
     if kind == "not_gpu":
         return None
+    if source is not exc:  # a GPU error wrapped in another exception: describe the GPU error
+        tb = source.__traceback__
+    exc_type = type_name(source)
+    message = str(source)
     facts = FailureFacts(nodeid=nodeid, when=when, exc_type=exc_type, message=message[:2000],
                          kind=kind, sticky=kind in STICKY)
     facts.launch_blocking = _env_flag("CUDA_LAUNCH_BLOCKING")
@@ -299,30 +202,59 @@ def build_failure(nodeid: str, when: str, exc: BaseException, tb: TracebackType 
         _fill_mismatch(facts, tb, probe, torch)
     if kind == "no_kernel_image":
         _fill_arch(facts, probe, torch)
+    _fill_details(facts, chain_text(source), tb, probe, torch, state or {})
     if facts.sticky:
         facts.unknown["allocated"] = f"the CUDA context is unusable after a {kind} error"
     return facts
 
 
 def _fill_oom(facts: FailureFacts, message: str, state: dict[str, Any], probe: Any) -> None:
+    """The out-of-memory figures of the failure's own moment.
+
+    In order of trust: the allocator's out-of-memory observer and PyTorch's message (both
+    written at the failure), then what the probe read while the test trained (the last memory
+    fraction read at a step, other processes in the last NVML samples), and only then the
+    allocator read after the test unwound (``state``: its ``finally:`` blocks have run by then;
+    peaks and counters come from there). Figures that describe the test's own use are reported
+    against what it found when it started (``reserved_start``).
+    """
     parsed = parse_oom(message)
+    context = _probe_context(probe)
     for key in ("requested", "device_index", "total", "free", "process_in_use", "allocated",
-                "reserved", "reserved_unallocated", "other_processes"):
+                "reserved", "reserved_unallocated", "private_pools", "fraction_limit",
+                "allocator_backend"):
         if key in parsed:
             setattr(facts, key, parsed[key])
-    # The allocator's own numbers, read right after the failure, take precedence.
-    for key in ("allocated", "reserved", "peak_allocated", "peak_reserved", "num_alloc_retries",
-                "num_ooms", "free", "total", "fraction", "other_processes"):
+    if parsed.get("processes_listed") and "other_processes" in parsed:
+        facts.other_processes = parsed["other_processes"]
+        facts.other_process_count = parsed["other_process_count"]
+    moment = _matching_moment(context.get("oom_moments", []), facts.requested)
+    facts.oom_observed = moment is not None
+    if moment is not None:
+        _fill_from_moment(facts, moment, state)
+    # Read after the failure: fill what the moment left unknown; peaks and counters.
+    for key in ("allocated", "reserved", "free", "total"):
+        if getattr(facts, key) is None and state.get(key) is not None:
+            setattr(facts, key, state[key])
+    for key in ("num_alloc_retries", "num_ooms"):
         if state.get(key) is not None:
             setattr(facts, key, state[key])
-    if facts.reserved is not None and facts.allocated is not None:
+    _fill_fraction(facts, context, state)
+    _fill_own_peaks(facts, context, state)
+    if facts.other_processes is None:
+        before = context.get("other_processes_before")
+        after = state.get("other_processes")
+        facts.other_processes = before if before is not None else after
+    if facts.reserved is not None and facts.allocated is not None and \
+            facts.reserved_unallocated is None:
         facts.reserved_unallocated = max(0, facts.reserved - facts.allocated)
     if facts.reserved_unallocated is not None and facts.reserved:
         facts.reserved_unallocated_percent = round(
             100.0 * facts.reserved_unallocated / facts.reserved, 2)
     if facts.total is not None:
-        fraction = facts.fraction if facts.fraction is not None else 1.0
-        facts.fraction_limit = int(facts.total * fraction)
+        if facts.fraction_limit is None:
+            fraction = facts.fraction if facts.fraction is not None else 1.0
+            facts.fraction_limit = int(facts.total * fraction)
         others = facts.other_processes or 0
         facts.budget = min(facts.fraction_limit, facts.total - others)
     batch = getattr(probe, "batch_size", None) if probe is not None else None
@@ -332,6 +264,97 @@ def _fill_oom(facts: FailureFacts, message: str, state: dict[str, Any], probe: A
                         ("other_processes", "NVML could not list processes")):
         if getattr(facts, key) is None:
             facts.unknown[key] = reason
+
+
+def _probe_context(probe: Any) -> dict[str, Any]:
+    reader = getattr(probe, "failure_context", None) if probe is not None else None
+    if reader is None:
+        return {}
+    try:
+        return dict(reader())
+    except Exception:
+        return {}
+
+
+def _matching_moment(moments: list[Any], requested: int | None) -> Any:
+    """The observed out-of-memory moment of this failure: the last one, if its request is the
+    message's (which torch rounds to two decimals of its unit)."""
+    if not moments:
+        return None
+    last = moments[-1]
+    if requested is None or abs(last.requested - requested) <= max(0.01 * requested, 1024):
+        return last
+    return None
+
+
+def _fill_from_moment(facts: FailureFacts, moment: Any, state: dict[str, Any]) -> None:
+    facts.requested = moment.requested
+    facts.device_index = moment.device_index
+    facts.free = moment.free
+    total = facts.total if facts.total is not None else state.get("total")
+    if total is not None and moment.limit < total:
+        facts.fraction_limit = moment.limit
+    elif total is not None:
+        facts.fraction_limit = total  # no fraction, or 1.0: the device's total is the limit
+    if facts.other_processes is None and moment.other_processes is not None:
+        facts.other_processes = moment.other_processes
+        facts.other_process_count = moment.other_process_count
+
+
+def _fill_fraction(facts: FailureFacts, context: dict[str, Any], state: dict[str, Any]) -> None:
+    """The memory fraction in force at the failure: from the limit the allocator or the message
+    gave, else the last read while the test trained, else one read after the failure, else the
+    allocator configuration."""
+    total = facts.total if facts.total is not None else state.get("total")
+    if facts.fraction_limit is not None and total:
+        facts.fraction = round(min(1.0, facts.fraction_limit / total), 4)
+        return
+    trained = context.get("settings", {}).get("memory_fraction")
+    for value in (trained, state.get("fraction"), configured_fraction()):
+        if value is not None:
+            facts.fraction = float(value)
+            return
+
+
+def configured_fraction(conf: str | None = None) -> float | None:
+    """``per_process_memory_fraction:`` in the allocator configuration (recent torch)."""
+    text = conf if conf is not None else (os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+                                          or os.environ.get("PYTORCH_ALLOC_CONF") or "")
+    match = re.search(r"per_process_memory_fraction\s*:\s*([0-9.]+)", text, re.IGNORECASE)
+    if match is None:
+        return None
+    try:
+        value = float(match.group(1))
+    except ValueError:
+        return None
+    return value if 0.0 < value <= 1.0 else None
+
+
+def _fill_own_peaks(facts: FailureFacts, context: dict[str, Any], state: dict[str, Any]) -> None:
+    """The test's own peaks (``own_peaks``): not the cache earlier tests left reserved."""
+    end = {key: state[name] for key, name in (("allocated_bytes.all.peak", "peak_allocated"),
+                                              ("reserved_bytes.all.peak", "peak_reserved"))
+           if state.get(name) is not None}
+    found = own_peaks(context.get("allocator_start", {}), end,
+                      context.get("peaks_before_reset", {}))
+    for name, value in found.items():
+        setattr(facts, name, value)
+
+
+def read_other_processes(nvml_index: int, session_pids: set[int]) -> tuple[int, int] | None:
+    """(memory, count) of the processes outside ``session_pids`` on GPU ``nvml_index``; None
+    when NVML cannot list them, or lists others but not this process (another PID namespace:
+    this process would be counted among the others)."""
+    from pytest_gputrain.collect import nvml
+
+    listed = nvml.read_processes(nvml_index)
+    if not listed.ok:
+        return None
+    processes: list[nvml.ProcessMemory] = listed.value
+    if processes and not any(process.pid == os.getpid() for process in processes):
+        return None
+    holders = nvml.MemoryHolders.split(processes, session_pids | {os.getpid()})
+    return int(holders.other_memory), int(holders.other_count)
 
 
 def _fill_mismatch(facts: FailureFacts, tb: TracebackType | None, probe: Any,
@@ -348,6 +371,43 @@ def _fill_mismatch(facts: FailureFacts, tb: TracebackType | None, probe: Any,
                  "module_input_devices": list(last.input_devices)}
     for key, value in found.items():
         setattr(facts, key, value)
+
+
+def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, probe: Any,
+                  torch: Any, state: dict[str, Any]) -> None:
+    """What the message (and its causes') names for the kinds with their own rule (GT204,
+    GT210-GT219)."""
+    kind = facts.kind
+    if kind == "driver_too_old":
+        facts.driver_problem = driver_problem(message)
+    elif kind == "nondeterministic_op":
+        facts.operation = nondeterministic_operation(message)
+        facts.cublas_workspace_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    elif kind == "loader_worker":
+        facts.loader_cause, facts.signal = loader_crash(message)
+    elif kind == "compile":
+        facts.compile_stage = compile_stage(facts.exc_type, message)
+    elif kind == "numpy_on_cuda":
+        facts.devices = parse_devices(message)
+    elif kind == "cuda_unavailable":
+        build = getattr(getattr(torch, "version", None), "cuda", None) if torch else None
+        facts.cuda_unavailable_cause = cuda_unavailable_cause(
+            message, os.environ.get("CUDA_VISIBLE_DEVICES"), build)
+    elif kind == "dtype_mismatch":
+        facts.dtypes = parse_dtypes(message)
+        _fill_mismatch(facts, tb, probe, torch)  # the module, and whether it ran on CUDA
+        devices = facts.module_param_devices + facts.module_input_devices
+        facts.cuda_involved = "cuda" in message.lower() or any(
+            device.startswith("cuda") for device in devices)
+    if kind in ("cuda_fork", "loader_worker"):
+        facts.in_loader_worker = in_loader_worker(message)
+    if kind in ("cudnn", "cublas", "cuda_other", "cudnn_no_algorithm", "library_init"):
+        facts.status = library_status(message)
+    if kind in MEMORY_KINDS and kind != "oom":
+        for key in ("allocated", "reserved", "peak_reserved", "free", "total",
+                    "other_processes"):
+            if state.get(key) is not None:
+                setattr(facts, key, state[key])
 
 
 def _fill_arch(facts: FailureFacts, probe: Any, torch: Any) -> None:
@@ -382,8 +442,9 @@ def nvml_capability(cuda_index: int) -> str | None:
 
 
 def snapshot(torch: Any, kind: FailureKind, index: int | None) -> dict[str, Any]:
-    """Allocator state right after a failure; empty unless it is an OOM (safe to read)."""
-    if kind != "oom" or torch is None:
+    """Allocator state right after a failure; empty unless the failure is about memory (an OOM,
+    or a cuDNN / cuBLAS error that often is one) and the state is safe to read."""
+    if kind not in MEMORY_KINDS or torch is None:
         return {}
     try:
         if not torch.cuda.is_initialized():
@@ -404,5 +465,5 @@ def other_process_memory(cuda_index: int) -> int | None:
     index = nvml.index_for_cuda_device(cuda_index)
     if index is None:
         return None
-    holders = nvml.read_memory_holders(index, nvml.own_process_ids())
-    return int(holders.value.other_memory) if holders.ok else None
+    others = read_other_processes(index, nvml.session_process_ids())
+    return others[0] if others is not None else None

@@ -36,19 +36,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe import compile_readings, module_readings, oom_observer, settings
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.cuda_readings import (
     allocated_reader,
+    allocator_backend,
     device_budget,
+    device_calls,
     memory_stats,
     read_backend_flags,
 )
 from pytest_gputrain.probe.cupti import NO_TEARDOWN, ask_for_teardown
+from pytest_gputrain.probe.layer_scan import scan_layers
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
 from pytest_gputrain.probe.run_record import (
+    MAX_OOM_MOMENTS,
+    MAX_SHAPES_SEEN,
     LoaderWaits,
+    ModuleChecks,
     ModuleState,
+    OomMoment,
     RunRecord,
     StepFlag,
     StepSeries,
@@ -62,6 +71,8 @@ MAX_MODULES = 32  # top-level modules given their own hooks per test
 MAX_GRAPH_OUTPUTS = 100_000
 WATCH_FIRST = 8  # grad-mode forwards of each model watched before its watch mode is chosen
 NVML_INTERVAL = 0.1  # seconds between NVML samples (on the sampler thread)
+PIDS_REFRESH = 2.0  # seconds between re-reads of the session's PIDs while others show up
+_SETTINGS_EVERY = settings.EVERY
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
     StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW, StepFlag.EPOCH_START)
@@ -102,6 +113,15 @@ class RunProbe:
         self._inference_mode = torch.is_inference_mode_enabled
         self._autocast = autocast_check(torch)
         self._tensor_type = torch.Tensor
+        self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
+        self._anomaly_enabled = torch.is_anomaly_enabled
+        self._profiler_enabled = _profiler_probe(torch)
+        # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
+        # over, the allocator's cudaMalloc/cudaFree counters once the profiler window is too.
+        self.record.cache.mark_step = max(warmup, self._window_last) + 1
+        self._milestones = sorted(step for step in {warmup, self.record.cache.mark_step}
+                                  if step >= 1)
+        self._next_milestone = self._milestones[0]
 
     @property
     def errors(self) -> list[str]:
@@ -139,8 +159,14 @@ class RunProbe:
                 if self.reset_peak:
                     torch.cuda.reset_peak_memory_stats(index)
                 record.allocator.start = {index: memory_stats(torch, index)}
+                oom_observer.attach(torch)
         except Exception as exc:  # e.g. an earlier test left the context broken
             record.errors.append(f"reading the allocator at the start: {exc}")
+        oom_observer.set_target(self.on_oom)
+        try:
+            record.compile.start = compile_readings.read_counters()
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the start: {exc}")
         try:
             self.install.install()
         except Exception as exc:
@@ -155,6 +181,8 @@ class RunProbe:
         record = self.record
         record.duration = _perf() - self._t_start
         self.closed = True
+        if oom_observer.target() == self.on_oom:
+            oom_observer.set_target(None)
         try:
             record.errors.extend(self.install.remove())
         except Exception as exc:  # pragma: no cover - remove() guards each step
@@ -167,6 +195,7 @@ class RunProbe:
         if self.window is not None:
             self._stop_window(len(record.steps.times), cuda_ok=cuda_ok)
         self._count_graph_outputs()
+        self._final_readings(cuda_ok)
         self._stop_nvml()
         index = record.devices.cuda_index
         if cuda_ok and index is not None:
@@ -201,6 +230,9 @@ class RunProbe:
         with contextlib.suppress(Exception):
             self.install.disarm()
 
+    def on_optimizer_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.record.optimizer.step_started = _perf()
+
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled or self._compiling():
             return
@@ -228,10 +260,12 @@ class RunProbe:
             self._fail("optimizer step hook", exc)
 
     def _record_step(self, now: float) -> int:
-        """Close the step that ends now: its time, loader wait, syncs and flag. Returns the
-        number of steps so far."""
+        """Close the step that ends now: one entry in each per-step series (its time, the
+        optimizer's host time, loader wait, syncs, forwards so far, flag). Returns the number
+        of steps so far."""
         record = self.record
         steps, loader, syncs = record.steps, record.loader, record.syncs
+        record.optimizer.host_times.append(now - record.optimizer.step_started)
         steps.times.append(now - steps.last_t)
         steps.last_t = now
         steps.waits.append(loader.pending)
@@ -242,17 +276,27 @@ class RunProbe:
                            _AFTER_WINDOW if steps.after_window else
                            _EPOCH_START if loader.epoch_start else _STEADY)
         steps.after_window = loader.epoch_start = False
+        steps.forwards.append(record.forwards.calls)
         return len(steps.times)
 
     def _read_step(self, count: int) -> None:
         """The readings taken at each step boundary (``count`` steps so far): the one place
         for them. Each must cost a few attribute reads; anything dearer is taken at evenly
         spaced steps like the allocator's counters (``torch.cuda.memory_stats`` builds a dict
-        of some 200 entries in C++ and takes the allocator's lock: tens of µs)."""
-        steps = self.record.steps
+        of some 200 entries in C++ and takes the allocator's lock: tens of µs), or every
+        ``settings.EVERY`` steps like the settings a test may change inside itself."""
+        record = self.record
+        steps = record.steps
         read_allocated = self._read_allocated
         if read_allocated is not None and steps.allocated_due(count - 1):
             steps.add_allocated(read_allocated())
+        window = self.window
+        if window is None and self._profiler_enabled():
+            record.settings.user_profiler_steps += 1
+        if count <= 2 or window is not None or count % _SETTINGS_EVERY == 0:
+            self._read_settings(count)  # settings.wanted(), inlined
+        if count == self._next_milestone:
+            self._milestone(count)
 
     def _steer_window(self, count: int) -> None:
         """Open the profiler window at its first step's boundary, close it after its last."""
@@ -275,7 +319,7 @@ class RunProbe:
         try:
             state = self.record.forwards.modules.get(id(module))
             if state is None or state.ref() is not module:
-                state = self._adopt(module)
+                state = self._adopt(module, args)
             if not state.leaf:  # a leaf calls no module: the hook may stay armed through it
                 self.install.disarm()
                 self.active = module
@@ -302,7 +346,7 @@ class RunProbe:
                     self._note_input(state, tensor)
             # Models only: a loss module's graph is its input's.
             if state is not None and state.parameters and self._grad_enabled():
-                self._after_model_forward(state, output)
+                self._after_model_forward(state, id(module), output)
             if not self.in_backward:
                 self.install.arm()
         except Exception as exc:
@@ -314,6 +358,8 @@ class RunProbe:
             return
         try:
             self.record.forwards.backwards += 1
+            if self._anomaly_enabled():
+                self.record.settings.anomaly_backwards += 1
             self.in_backward += 1
             self.active = None
             self.install.disarm()
@@ -335,6 +381,16 @@ class RunProbe:
         except Exception as exc:
             self._fail("backward wrapper", exc)
 
+    def on_save(self) -> None:
+        """A torch.save call: the step it falls in saved a checkpoint (GT118)."""
+        if self.disabled:
+            return
+        try:
+            steps = self.record.steps
+            steps.saves.append(len(steps.times))
+        except Exception as exc:  # pragma: no cover - two attribute reads and an append
+            self._fail("torch.save wrapper", exc)
+
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> None:
         if self.disabled:
             return
@@ -350,6 +406,82 @@ class RunProbe:
                 self.install.arm()
         except Exception as exc:
             self._fail("DataLoader wrapper", exc)
+
+    # -- settings in force, the moment of a failure, the test's own peaks -----------------------
+
+    def _read_settings(self, step: int) -> None:
+        """Snapshot the settings a test may change inside itself (``settings.py``)."""
+        timeline = self.record.settings
+        timeline.reads += 1
+        now = settings.read_settings(self.torch, self._read_fraction)
+        if not timeline.snapshots or timeline.snapshots[-1][1] != now:
+            timeline.snapshots.append((step, now))
+
+    def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
+        """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:
+        on the failing thread, before the test's ``finally:`` blocks run. Reads NVML only."""
+        record = self.record
+        moment = OomMoment(t=_perf(), step=len(record.steps.times), device_index=device,
+                           requested=requested, limit=limit, free=free)
+        try:
+            from pytest_gputrain.collect import nvml
+            from pytest_gputrain.probe.failures import read_other_processes
+
+            index = record.nvml.index if device == record.devices.cuda_index else None
+            if index is None:
+                index = nvml.index_for_cuda_device(device)
+            pids = record.nvml.session_pids or nvml.session_process_ids()
+            others = read_other_processes(index, pids) if index is not None else None
+            if others is not None:
+                moment.other_processes, moment.other_process_count = others
+        except Exception as exc:
+            record.errors.append(f"NVML at the out-of-memory error: {exc}")
+        del record.oom_moments[:-MAX_OOM_MOMENTS + 1]
+        record.oom_moments.append(moment)
+
+    def on_reset_peak(self, device: Any) -> None:
+        """Before the test resets the allocator's peak statistics itself: keep the peaks so far
+        (the test's own, since the probe reset them when it started)."""
+        index = self.record.devices.cuda_index
+        torch = self.torch
+        if index is None or not torch.cuda.is_initialized():
+            return
+        wanted = torch.cuda.current_device() if device is None else \
+            torch.cuda._utils._get_device_index(device, optional=True)
+        if int(wanted) != index:
+            return
+        stats = memory_stats(torch, index)
+        kept = self.record.allocator.peaks_before_reset
+        for key in ("allocated_bytes.all.peak", "reserved_bytes.all.peak"):
+            kept[key] = max(kept.get(key, 0), int(stats.get(key, 0)))
+
+    def on_gradcheck(self) -> None:
+        if self.record.steps.times:
+            self.record.settings.gradcheck_calls += 1
+
+    def failure_context(self) -> dict[str, Any]:
+        """What the probe saw up to a failure, for ``failures.build_failure``: the last
+        out-of-memory moment, the last settings read, other processes' memory in the last
+        samples taken while the test ran, and the allocator when the test started."""
+        record = self.record
+        context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
+        snapshots = record.settings.snapshots
+        if snapshots:
+            context["settings"] = dict(snapshots[-1][1])
+        samples = record.nvml.samples[:record.nvml.before_stop]
+        recent = [s.other_process_memory for s in samples[-2:]
+                  if s.other_process_memory is not None]
+        if recent:
+            context["other_processes_before"] = max(recent)
+        index = record.devices.cuda_index
+        start = record.allocator.start.get(index if index is not None else -1)
+        if start is None and len(record.allocator.start) == 1:
+            start = next(iter(record.allocator.start.values()))
+        if start:
+            context["allocator_start"] = dict(start)
+        if record.allocator.peaks_before_reset:
+            context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
+        return context
 
     # -- per top-level forward ------------------------------------------------------------------
 
@@ -370,6 +502,9 @@ class RunProbe:
             forwards.autocast += 1
         if getattr(module, "training", False):
             state.training_calls += 1
+        checks = state.checks
+        if checks is not None:
+            self._check_forward(checks, state, module, grad)
         if state.first_param is not None and state.first_param.device != state.first_device:
             state.scan(module)  # the model moved since its last forward
         forwards.last = (state.name, state.param_devices, [], grad)
@@ -387,6 +522,8 @@ class RunProbe:
             state.input_devices.add(state.last_device_name)
             if state.last_device_name not in forwards.input_devices:
                 forwards.input_devices.append(state.last_device_name)
+            if device.type == "cuda":
+                oom_observer.attach(self.torch)  # an OOM may come before the first step
         name = state.last_device_name
         shape = tensor.shape
         if shape != state.last_shape:
@@ -394,20 +531,37 @@ class RunProbe:
             key = tuple(int(n) for n in shape)
             if key not in state.input_shapes and len(state.input_shapes) < 8:
                 state.input_shapes.append(key)
+            self._note_shape(state, key)
             if forwards.input_batch is None and key:
                 forwards.input_batch = key[0]
         last = forwards.last
         if last is not None and name not in last[2]:
             last[2].append(name)
 
+    def _note_shape(self, state: ModuleState, key: tuple[int, ...]) -> None:
+        """Count a distinct input shape; date the first sight of each one after step 1."""
+        if key in state.shapes_seen or len(state.shapes_seen) >= MAX_SHAPES_SEEN:
+            return
+        state.shapes_seen.add(key)
+        step = len(self.record.steps.times)  # index of the step this forward belongs to
+        if step >= 1 and (not state.new_shape_steps or state.new_shape_steps[-1] != step):
+            state.new_shape_steps.append(step)
+
     # -- forwards without a backward (see the module docstring) ------------------------------
 
-    def _after_model_forward(self, state: ModuleState, output: Any) -> None:
+    def _after_model_forward(self, state: ModuleState, module_id: int, output: Any) -> None:
         """A grad-mode forward of a model ended: hold its output node, or watch it."""
         nodes = _graph_nodes(output, self._tensor_type)
+        modes = self.record.modes
+        in_eval_mode = modes.graph_pending == module_id  # set by _check_forward for this call
+        modes.graph_pending = 0
         if not nodes:
             return
-        if state.watch_mode is WatchMode.STREAKS and not state.pending:
+        if in_eval_mode:  # a grad-mode forward in eval mode: always watched (GT121)
+            cell = self._watch(nodes)
+            if cell is not None:
+                modes.eval_graph_outputs.append(cell)
+        elif state.watch_mode is WatchMode.STREAKS and not state.pending:
             state.held = nodes  # watched only if no backward comes first
         else:
             cell = self._watch(nodes)
@@ -461,7 +615,7 @@ class RunProbe:
         except Exception:
             return False
 
-    def _adopt(self, module: Any) -> ModuleState:
+    def _adopt(self, module: Any, args: Any = ()) -> ModuleState:
         modules = self.record.forwards.modules
         state = ModuleState(module)
         state.scan(module)
@@ -470,6 +624,11 @@ class RunProbe:
             state.conv_layers = sum(1 for sub in module.modules() if isinstance(sub, conv))
         except Exception:
             state.conv_layers = None
+        state.checks = self._module_checks(module)
+        try:
+            state.layers = scan_layers(self.torch, module, args)
+        except Exception as exc:  # an exotic module: its layers stay unknown
+            self.record.errors.append(f"reading the layers of {state.name}: {exc}")
         # A leaf without parameters (a loss, an activation) gets no hooks of its own: the
         # global hook stays armed through its call, as nothing inside it is a module call.
         state.leaf = not state.parameters and next(iter(module.children()), None) is None
@@ -497,6 +656,10 @@ class RunProbe:
         optimizers.primary = optimizer
         optimizers.ids.add(id(optimizer))
         optimizers.names.append(type(optimizer).__name__)
+        readings = self.record.optimizer
+        readings.name = type(optimizer).__name__
+        readings.foreach, readings.fused, readings.param_tensors = \
+            module_readings.optimizer_setup(optimizer)
         first = None
         for group in optimizer.param_groups:
             for param in group.get("params", ()):
@@ -529,7 +692,10 @@ class RunProbe:
             record.errors.append(f"device properties: {exc}")
         if index not in record.allocator.start:
             record.allocator.start[index] = {}
+        record.allocator.backend = allocator_backend(torch)
         self._read_allocated = allocated_reader(torch, index)
+        self._read_fraction = settings.fraction_reader(torch, index)
+        oom_observer.attach(torch)
         if self.use_sampler:
             self._start_nvml(index)
 
@@ -552,7 +718,12 @@ class RunProbe:
             if index is None:
                 return
             timeline.index = index
-            self._sampler = NvmlSampler(index, NVML_INTERVAL, pids=[os.getpid()]).start()
+            timeline.power_limit, timeline.power_limit_default = (
+                reading.value if reading.ok else None
+                for reading in nvml.read_power_limits(index))
+            timeline.session_pids = nvml.session_process_ids()
+            timeline.pids_read = _perf()
+            self._sampler = NvmlSampler(index, NVML_INTERVAL, read=self._nvml_read).start()
         except Exception as exc:
             timeline.index = None
             self.record.errors.append(f"NVML sampling not started: {exc}")
@@ -563,10 +734,26 @@ class RunProbe:
         if sampler is None:
             return
         try:
-            sampler.stop()
-            self.record.nvml.samples = sampler.samples
+            timeline = self.record.nvml
+            timeline.before_stop = len(sampler.samples)
+            sampler.stop()  # and one last sample, after the test
+            timeline.samples = sampler.samples
         except Exception as exc:
             self.record.errors.append(f"NVML sampling: {exc}")
+
+    def _nvml_read(self, index: int) -> DeviceSample | None:
+        """One sample, on the sampler thread: this process's memory and other processes'
+        (``session_pids`` re-read while others show up: a sibling started since is no other)."""
+        from pytest_gputrain.collect import nvml
+
+        timeline = self.record.nvml
+        now = _perf()
+        if timeline.other_seen and now - timeline.pids_read >= PIDS_REFRESH:
+            timeline.session_pids = nvml.session_process_ids()
+            timeline.pids_read = now
+        sample = nvml.read_sample(index, pids=[os.getpid()], session_pids=timeline.session_pids)
+        timeline.other_seen = bool(sample is not None and sample.other_process_count)
+        return sample
 
     def _start_window(self, first_step: int) -> None:
         busy = ProfilerWindow.busy_reason(self.torch)
@@ -610,6 +797,142 @@ class RunProbe:
         forwards.without_backward = held + sum(
             1 for cell in forwards.graph_outputs if not cell[0])
         forwards.graph_outputs.clear()
+        modes = self.record.modes
+        modes.trained_in_eval = sum(1 for cell in modes.eval_graph_outputs if cell[0])
+        modes.eval_graph_outputs.clear()
+
+    # -- habits: train/eval mode, DDP sync, torch.compile, empty_cache --------------------------
+    # Per top-level forward: nothing for a module without mode layers that is not DDP; else a
+    # few attribute reads. Per step: one comparison (the milestones). The rest runs once.
+
+    def _module_checks(self, module: Any) -> ModuleChecks | None:
+        record = self.record
+        wrapped = module_readings.compiled_wrapper_target(module)
+        if wrapped is not None:
+            if wrapped not in record.compile.wrapped:
+                record.compile.wrapped.append(wrapped)
+            record.compile.wraps_ddp |= module_readings.wraps_data_parallel(wrapped)
+        try:
+            layers, batch_norm = module_readings.mode_layers(self.torch, module)
+        except Exception as exc:
+            record.errors.append(f"counting mode layers: {exc}")
+            layers, batch_norm = 0, None
+        ddp = module_readings.ddp_module(module)
+        if ddp is not None and record.ddp.world_size is None:
+            record.ddp.world_size = module_readings.ddp_world_size(ddp)
+        if not layers and ddp is None:
+            return None
+        return ModuleChecks(layers, module_readings.innermost(module), ddp, batch_norm)
+
+    def _check_forward(self, checks: ModuleChecks, state: ModuleState, module: Any,
+                       grad: bool) -> None:
+        record = self.record
+        if checks.mode_layers:
+            target = checks.target()
+            training = bool(getattr(target, "training", False))
+            if grad and not training:
+                record.modes.graph_pending = id(module)
+            elif training and not grad and self._is_evaluation(checks, state):
+                record.modes.eval_in_train += 1
+        if checks.ddp is not None and grad:
+            ddp = checks.ddp()
+            if ddp is not None:
+                self._ddp_forward(ddp)
+
+    @staticmethod
+    def _is_evaluation(checks: ModuleChecks, state: ModuleState) -> bool:
+        """A no-grad forward in training mode evaluates the model, except for a frozen model
+        (an EMA or teacher copy: parameters without requires_grad) and batch-norm
+        recalibration (``update_bn`` sets momentum None on purpose)."""
+        first = state.first_param
+        if first is not None and not first.requires_grad:
+            return False
+        norm = checks.batch_norm() if checks.batch_norm is not None else None
+        return norm is None or norm.momentum is not None
+
+    def _ddp_forward(self, ddp: Any) -> None:
+        readings = self.record.ddp
+        index = len(self.record.steps.times)
+        counts = readings.steps.get(index)
+        if counts is None:
+            counts = readings.steps[index] = [0, 0]
+            if index >= readings.next_read:  # a few reads per test: log2(steps)
+                readings.next_read = 2 * index
+                try:
+                    readings.logging = module_readings.ddp_logging(ddp)
+                except Exception as exc:
+                    readings.next_read = 1 << 62
+                    self.record.errors.append(f"reading DDP's logging data: {exc}")
+        counts[0] += 1
+        if getattr(ddp, "require_backward_grad_sync", True):
+            counts[1] += 1
+
+    def _milestone(self, count: int) -> None:
+        record = self.record
+        if count == record.warmup:
+            record.compile.warm = compile_readings.read_counters()
+        if count == record.cache.mark_step and record.devices.cuda_index is not None:
+            record.cache.mark = device_calls(self.torch, record.devices.cuda_index)
+        later = [step for step in self._milestones if step > count]
+        self._next_milestone = later[0] if later else -1
+
+    def _final_readings(self, cuda_ok: bool) -> None:
+        record = self.record
+        try:
+            record.compile.end = compile_readings.read_counters()
+            record.compile.new_recompile_reasons = compile_readings.new_guard_failures(
+                record.compile.start)
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the end: {exc}")
+        cache = record.cache
+        if cuda_ok and cache.mark is not None and record.devices.cuda_index is not None:
+            try:
+                cache.end = device_calls(self.torch, record.devices.cuda_index)
+            except Exception as exc:
+                record.errors.append(f"reading the allocator's call counters: {exc}")
+        for state in record.forwards.modules.values():  # DDP's logging data, if still alive
+            ddp = state.checks.ddp() if state.checks and state.checks.ddp else None
+            if ddp is not None:
+                try:
+                    record.ddp.logging = module_readings.ddp_logging(ddp) or record.ddp.logging
+                except Exception as exc:
+                    record.errors.append(f"reading DDP's logging data: {exc}")
+
+    def on_compile_start(self, args: Any) -> None:
+        """Dynamo is about to compile a frame (called by dynamo; must never raise)."""
+        try:
+            if not self.disabled:
+                self.record.compile.compile_steps.append(len(self.record.steps.times))
+        except Exception:
+            pass
+
+    def on_empty_cache_start(self) -> dict[str, int] | None:
+        """``torch.cuda.empty_cache()`` is about to free the cache; returns the allocator's call
+        counters when the frees it makes must be told apart from the allocator's own."""
+        if self.disabled:
+            return None
+        try:
+            cache = self.record.cache
+            cache.empty_cache_calls += 1
+            cache.empty_cache_steps.append(len(self.record.steps.times))
+            index = self.record.devices.cuda_index
+            if cache.mark is not None and index is not None:
+                return device_calls(self.torch, index)
+        except Exception as exc:
+            self._fail("empty_cache wrapper", exc)
+        return None
+
+    def on_empty_cache_end(self, before: dict[str, int] | None) -> None:
+        if before is None or self.disabled:
+            return
+        try:
+            index = self.record.devices.cuda_index
+            after = device_calls(self.torch, index) if index is not None else None
+            if after is not None:
+                self.record.cache.frees_by_empty_cache += max(
+                    0, after["num_device_free"] - before["num_device_free"])
+        except Exception as exc:
+            self._fail("empty_cache wrapper", exc)
 
 
 def _graph_nodes(output: Any, tensor_type: Any) -> list[Any]:
@@ -644,6 +967,15 @@ def _graph_tensors(value: Any, depth: int = 0, found: list[Any] | None = None) -
     return found
 
 
+def _profiler_probe(torch: Any) -> Callable[[], bool]:
+    """``torch.autograd`` profiler state: True while a profiler records on this thread
+    (``torch.profiler.profile`` in an active phase, ``emit_nvtx``, the legacy profiler)."""
+    function = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    if callable(function):
+        return function  # type: ignore[no-any-return]
+    return lambda: False
+
+
 def autocast_check(torch: Any) -> Callable[[], bool]:
     """A call that tells whether CUDA autocast is on (torch < 2.4 takes no device)."""
     try:
@@ -651,4 +983,3 @@ def autocast_check(torch: Any) -> Callable[[], bool]:
     except TypeError:
         return torch.is_autocast_enabled  # type: ignore[no-any-return]
     return functools.partial(torch.is_autocast_enabled, "cuda")
-

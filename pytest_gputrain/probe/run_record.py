@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
 ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
+MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
+MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
 
 
 class StepFlag(enum.Enum):
@@ -38,6 +41,10 @@ class StepSeries:
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
     flags: list[StepFlag] = field(default_factory=list)
+    # Top-level forwards so far, at each step boundary: a step with more of them than usual
+    # ran validation (GT118 does not call such a long step a stall).
+    forwards: list[int] = field(default_factory=list)
+    saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     after_window: bool = False  # the next step is the first after the profiler window
     # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
     # allocated_stride: read at every step until ALLOCATED_CAPACITY readings, then every
@@ -96,11 +103,12 @@ class WatchMode(enum.Enum):
 class ModuleState:
     """One top-level module: its calls, parameters and the inputs it saw."""
 
-    __slots__ = ("autocast_calls", "calls", "conv_layers", "first_cells", "first_device",
-                 "first_param", "grad_calls", "handles", "held", "inference_calls",
-                 "input_devices", "input_shapes", "last_device", "last_device_name",
-                 "last_shape", "leaf", "name", "param_devices", "param_dtypes", "parameters",
-                 "pending", "ref", "training_calls", "watch_mode")
+    __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_cells",
+                 "first_device", "first_param", "grad_calls", "handles", "held",
+                 "inference_calls", "input_devices", "input_shapes", "last_device",
+                 "last_device_name", "last_shape", "layers", "leaf", "name", "new_shape_steps",
+                 "param_devices", "param_dtypes", "parameters", "pending", "ref", "shapes_seen",
+                 "training_calls", "watch_mode")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -114,6 +122,10 @@ class ModuleState:
         self.first_device: Any = None
         self.input_devices: set[str] = set()
         self.input_shapes: list[tuple[int, ...]] = []
+        # Every distinct first-input shape (up to MAX_SHAPES_SEEN), and the steps in which a
+        # never-seen one arrived after the first step (cuDNN benchmark mode tunes for each).
+        self.shapes_seen: set[tuple[int, ...]] = set()
+        self.new_shape_steps: list[int] = []
         self.last_device: Any = None
         self.last_device_name = ""
         self.last_shape: Any = None
@@ -126,6 +138,9 @@ class ModuleState:
         self.first_cells: list[list[bool]] = []
         self.pending = False
         self.held: list[Any] | None = None
+        # Per-forward checks (train/eval mode, DDP gradient sync); None: nothing to check.
+        self.checks: ModuleChecks | None = None
+        self.layers: LayerScan | None = None  # layer_scan.scan_layers at the first call
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []
@@ -144,6 +159,20 @@ class ModuleState:
         self.param_devices, self.param_dtypes, self.parameters = devices, dtypes, count
         self.first_param = first
         self.first_device = first.device if first is not None else None
+
+
+class ModuleChecks:
+    """What a top-level module's forwards are checked for, set once when it is first seen:
+    train/eval mode (it holds layers that behave differently in the two modes) and DDP's
+    gradient synchronisation. Holds weak references only."""
+
+    __slots__ = ("batch_norm", "ddp", "mode_layers", "target")
+
+    def __init__(self, mode_layers: int, target: Any, ddp: Any, batch_norm: Any) -> None:
+        self.mode_layers = mode_layers
+        self.target = weakref.ref(target)  # the module whose .training counts (inside wrappers)
+        self.ddp = weakref.ref(ddp) if ddp is not None else None
+        self.batch_norm = weakref.ref(batch_norm) if batch_norm is not None else None
 
 
 # The last top-level forward: module name, its parameter devices, this call's input devices
@@ -191,6 +220,10 @@ class AllocatorReadings:
     window: dict[str, Any] = field(default_factory=dict)  # when the profiler window closed
     # At the end, plus the device budget: total, fraction, other_processes.
     end: dict[str, Any] = field(default_factory=dict)
+    # The test's own peaks read just before it reset the allocator's peak statistics itself
+    # (gpu_benchmark, torch.cuda.reset_peak_memory_stats): the highest, by memory_stats key.
+    peaks_before_reset: dict[str, int] = field(default_factory=dict)
+    backend: str | None = None  # torch.cuda.get_allocator_backend() at the first CUDA step
 
 
 @dataclass(slots=True)
@@ -199,6 +232,105 @@ class NvmlTimeline:
 
     index: int | None = None  # NVML index; None: not sampling
     samples: list[DeviceSample] = field(default_factory=list)  # copied in when the test ends
+    # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
+    # a process the test starts itself is another process.
+    session_pids: set[int] = field(default_factory=set)
+    pids_read: float = 0.0  # clock when session_pids was last refreshed
+    other_seen: bool = False  # the last sample saw other processes on the device
+    before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
+    power_limit: float | None = None  # W, enforced, read once when sampling starts
+    power_limit_default: float | None = None  # W, the board's default limit
+
+
+@dataclass(slots=True)
+class SettingsTimeline:
+    """Settings a test may change inside itself (``settings.py``), read at step boundaries,
+    and the debugging switches counted while it trained."""
+
+    # (step, settings) whenever the settings differ from the previous read, in step order.
+    snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    reads: int = 0
+    anomaly_backwards: int = 0  # backward passes run under anomaly detection
+    user_profiler_steps: int = 0  # steps with a profiler of the test's own recording
+    gradcheck_calls: int = 0  # torch.autograd.gradcheck / gradgradcheck after the first step
+
+
+@dataclass(slots=True)
+class OomMoment:
+    """What the allocator's out-of-memory observer saw at a failed allocation."""
+
+    t: float  # probe clock
+    step: int  # optimizer steps completed before it
+    device_index: int
+    requested: int
+    limit: int  # total x memory fraction once a fraction was set, else the device's total
+    free: int  # device memory free at the failure (all processes)
+    other_processes: int | None = None  # memory other processes held (NVML, at the failure)
+    other_process_count: int | None = None
+
+
+@dataclass(slots=True)
+class ModeChecks:
+    """Forwards whose train/eval mode does not fit what they were used for."""
+
+    eval_in_train: int = 0  # no_grad/inference forwards with the module in training mode
+    graph_pending: int = 0  # id of the module running a grad-mode forward in eval mode
+    # One cell per grad-mode forward in eval mode: True once a backward went through it.
+    eval_graph_outputs: list[list[bool]] = field(default_factory=list)
+    trained_in_eval: int = 0  # cells True at stop
+
+
+@dataclass(slots=True)
+class OptimizerReadings:
+    """The main optimizer's configuration (read at its first step) and the host time of each
+    of its steps (pre hook -> post hook), one entry per step like ``StepSeries``."""
+
+    name: str | None = None
+    foreach: bool | None = None
+    fused: bool | None = None
+    param_tensors: int | None = None
+    step_started: float = 0.0  # clock at the last optimizer step pre hook
+    host_times: list[float] = field(default_factory=list)
+    zero_grad_calls: int = 0
+    zero_grad_to_zeros: int = 0
+
+
+@dataclass(slots=True)
+class CacheCalls:
+    """``torch.cuda.empty_cache()`` calls and the allocator's cudaMalloc/cudaFree counters."""
+
+    empty_cache_calls: int = 0
+    empty_cache_steps: list[int] = field(default_factory=list)  # step index of each call
+    # num_device_alloc / num_device_free when the steady counting began, and at the end
+    mark: dict[str, int] | None = None
+    mark_step: int | None = None  # optimizer steps done at the mark
+    end: dict[str, int] | None = None
+    frees_by_empty_cache: int = 0  # cudaFree calls made by empty_cache() after the mark
+
+
+@dataclass(slots=True)
+class CompileReadings:
+    """torch.compile: dynamo's counters at three moments and the step of each compilation."""
+
+    start: Any = None  # compile_readings.DynamoCounters
+    warm: Any = None  # after the warm-up steps
+    end: Any = None
+    new_recompile_reasons: list[str] = field(default_factory=list)
+    compile_steps: list[int] = field(default_factory=list)  # steps done when a compile began
+    callback: bool = False  # the compile-start callback was registered (compile_steps valid)
+    wrapped: list[str] = field(default_factory=list)  # classes torch.compile wrapped
+    wraps_ddp: bool = False
+
+
+@dataclass(slots=True)
+class DdpReadings:
+    """Grad-mode forwards of DistributedDataParallel modules, by optimizer step, and DDP's
+    logging data (read at a few steps, never per forward)."""
+
+    steps: dict[int, list[int]] = field(default_factory=dict)  # index -> [forwards, synced]
+    world_size: int | None = None
+    logging: dict[str, Any] = field(default_factory=dict)
+    next_read: int = 2  # read the logging data at the first forward of this step, then double
 
 
 @dataclass(slots=True)
@@ -216,6 +348,15 @@ class RunRecord:
     devices: DevicesSeen = field(default_factory=DevicesSeen)
     allocator: AllocatorReadings = field(default_factory=AllocatorReadings)
     nvml: NvmlTimeline = field(default_factory=NvmlTimeline)
+    settings: SettingsTimeline = field(default_factory=SettingsTimeline)
+    oom_moments: list[OomMoment] = field(default_factory=list)
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
+    modes: ModeChecks = field(default_factory=ModeChecks)
+    optimizer: OptimizerReadings = field(default_factory=OptimizerReadings)
+    cache: CacheCalls = field(default_factory=CacheCalls)
+    compile: CompileReadings = field(default_factory=CompileReadings)
+    ddp: DdpReadings = field(default_factory=DdpReadings)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
+    # The test's parameters name a CPU device (read from pytest before the test runs).
+    cpu_parametrized: bool | None = None

@@ -10,9 +10,21 @@ What is installed (and only while a diagnosed test's call phase runs):
   arguments, called also when the forward raises) re-arms it. A leaf module without parameters
   (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
 - wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
+- wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
+  before a reset inside the test, e.g. by ``gpu_benchmark``) and of
+  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
 - wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
   ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors;
 - a wrapper of ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (loader.py);
+- an optimizer step pre hook (``register_optimizer_step_pre_hook``): the host time of each step;
+- wrappers of ``Optimizer.zero_grad`` and ``Module.zero_grad`` that count ``set_to_none=False``
+  (subclasses that override ``zero_grad`` are not seen);
+- a wrapper of ``torch._C._cuda_emptyCache``, which ``torch.cuda.empty_cache()`` looks up at
+  each call (so calls through a name bound before the test are seen too);
+- a dynamo compile-start callback (``torch._dynamo.callback``), where dynamo is imported: the
+  step in which each compilation began;
+- a wrapper of ``torch.save`` that notes the step each checkpoint falls in (a long step that
+  saved one is no stall);
 - for ``torch.compile``d modules, a wrapper of ``OptimizedModule.__call__`` that records the call
   and disarms the global hook *before* dynamo looks for global hooks (it warns whenever one is
   installed, which would reach the user's warnings summary, or fail a ``-W error`` run); it is
@@ -38,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
+DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
 # Those that take no argument get a wrapper without *args/**kwargs: a quarter of the cost per
 # call, which matters for ``item``: torch's (foreach, non-capturable) Adam and AdamW call it on
 # each parameter's CPU step counter, twice per parameter and step.
@@ -139,6 +152,76 @@ def wrap_backward(original: Callable[..., Any], probe: Any) -> Callable[..., Any
     return backward
 
 
+def wrap_before(original: Callable[..., Any], before: Callable[..., None],
+                probe: Any) -> Callable[..., Any]:
+    """Call ``before(*args, **kwargs)`` (guarded: a probe error disables the probe), then the
+    original."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not probe.disabled:
+            try:
+                before(*args, **kwargs)
+            except Exception as exc:
+                probe._fail(f"{getattr(original, '__name__', 'wrapper')} wrapper", exc)
+        return original(*args, **kwargs)
+
+    wrapper.__name__ = getattr(original, "__name__", "wrapper")
+    wrapper.__qualname__ = getattr(original, "__qualname__", "wrapper")
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper._gputrain_probe = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
+    return device
+
+
+def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[..., Any]:
+    """Count ``zero_grad`` calls into ``readings`` (the probe's ``OptimizerReadings``), and those
+    that fill gradients with zeros (``set_to_none=False``, by keyword or position)."""
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        readings.zero_grad_calls += 1
+        set_to_none = args[0] if args else kwargs.get("set_to_none", True)
+        if set_to_none is False or set_to_none == 0:
+            readings.zero_grad_to_zeros += 1
+        return original(self, *args, **kwargs)
+
+    zero_grad.__name__ = getattr(original, "__name__", "zero_grad")
+    zero_grad.__qualname__ = getattr(original, "__qualname__", "zero_grad")
+    zero_grad.__doc__ = getattr(original, "__doc__", None)
+    zero_grad.__wrapped__ = original  # type: ignore[attr-defined]
+    zero_grad._gputrain_probe = True  # type: ignore[attr-defined]
+    return zero_grad
+
+
+def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+    def _cuda_emptyCache(*args: Any, **kwargs: Any) -> Any:
+        before = probe.on_empty_cache_start()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.on_empty_cache_end(before)
+
+    _cuda_emptyCache.__name__ = getattr(original, "__name__", "_cuda_emptyCache")
+    _cuda_emptyCache.__doc__ = getattr(original, "__doc__", None)
+    _cuda_emptyCache.__wrapped__ = original  # type: ignore[attr-defined]
+    _cuda_emptyCache._gputrain_probe = True  # type: ignore[attr-defined]
+    return _cuda_emptyCache
+
+
+def wrap_save(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+    def save(*args: Any, **kwargs: Any) -> Any:
+        probe.on_save()  # guarded inside: never raises
+        return original(*args, **kwargs)
+
+    save.__name__ = getattr(original, "__name__", "save")
+    save.__qualname__ = getattr(original, "__qualname__", "save")
+    save.__doc__ = getattr(original, "__doc__", None)
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    save._gputrain_probe = True  # type: ignore[attr-defined]
+    return save
+
+
 def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if probe.install.armed and not probe.disabled:
@@ -180,6 +263,7 @@ class Installation:
         self._hooks: Any = None
         self._key: Any = None
         self._hook = probe.on_global_forward
+        self._compile_handler: Any = None  # dynamo's callback handler, once registered
 
     # -- the armed/disarmed global forward pre hook ---------------------------------------------
 
@@ -221,15 +305,65 @@ class Installation:
 
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
+        if callable(getattr(torch, "save", None)):
+            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
+        self.install_habit_hooks()
         self.patch_compiled_modules()
+        self.install_truth_wrappers()
+
+    def install_truth_wrappers(self) -> None:
+        """Wrappers that keep the facts true to the test: its own memory peaks across a reset
+        it makes, and the debugging APIs it calls while training."""
+        probe = self.probe
+        memory = getattr(self.torch.cuda, "memory", None)
+        reset = getattr(memory, "reset_peak_memory_stats", None)
+        if reset is not None:
+            wrapped = wrap_before(
+                reset, lambda *a, **k: probe.on_reset_peak(_reset_device(*a, **k)), probe)
+            self.patches.set(memory, "reset_peak_memory_stats", wrapped)
+            if getattr(self.torch.cuda, "reset_peak_memory_stats", None) is reset:
+                self.patches.set(self.torch.cuda, "reset_peak_memory_stats", wrapped)
+        autograd = self.torch.autograd
+        for name in DEBUG_APIS:
+            original = getattr(autograd, name, None)
+            if callable(original):
+                self.patches.set(autograd, name,
+                                 wrap_before(original, lambda *a, **k: probe.on_gradcheck(),
+                                             probe))
+
+    def install_habit_hooks(self) -> None:
+        """Optimizer step timing, zero_grad and empty_cache (the optimizer and allocator
+        habits the run rules judge)."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        torch = self.torch
+        probe = self.probe
+        self.handles.append(register_optimizer_step_pre_hook(probe.on_optimizer_pre_step))
+        readings = probe.record.optimizer
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            original = getattr(owner, "zero_grad", None)
+            if original is not None:
+                self.patches.set(owner, "zero_grad", wrap_zero_grad(original, readings))
+        empty_cache = getattr(torch._C, "_cuda_emptyCache", None)
+        if empty_cache is not None:  # CUDA builds only
+            self.patches.set(torch._C, "_cuda_emptyCache", wrap_empty_cache(empty_cache, probe))
 
     def patch_compiled_modules(self) -> None:
-        """Wrap OptimizedModule.__call__ once dynamo is imported (never imports it)."""
+        """Wrap OptimizedModule.__call__ and register the compile-start callback once dynamo is
+        imported (never imports it)."""
+        if not self.installed:
+            return
+        if self._compile_handler is None:
+            from pytest_gputrain.probe.compile_readings import register_compile_callback
+
+            self._compile_handler = register_compile_callback(self.probe.on_compile_start)
+            if self._compile_handler is not None:
+                self.probe.record.compile.callback = True
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         optimized = getattr(eval_frame, "OptimizedModule", None)
-        if optimized is None or not self.installed:
+        if optimized is None:
             return
         if getattr(vars(optimized).get("__call__"), "_gputrain_probe", False):
             return
@@ -248,6 +382,14 @@ class Installation:
             except Exception as exc:  # pragma: no cover - RemovableHandle.remove never raises
                 problems.append(f"hook removal failed: {exc}")
         problems.extend(self.patches.restore())
+        handler, self._compile_handler = self._compile_handler, None
+        if handler is not None:
+            from pytest_gputrain.probe.compile_readings import remove_compile_callback
+
+            try:
+                remove_compile_callback(handler, self.probe.on_compile_start)
+            except Exception as exc:
+                problems.append(f"dynamo compile callback removal failed: {exc}")
         self.installed = False
         return problems
 
@@ -267,11 +409,21 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
 
     owners: list[tuple[Any, str]] = [(torch.autograd, "backward"), (torch.autograd, "grad"),
                                      (dataloader._BaseDataLoaderIter, "__next__"),
-                                     (torch, "compile")]
+                                     (torch, "compile"), (torch, "save")]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
+    owners += [(torch.autograd, name) for name in DEBUG_APIS]
+    owners += [(torch.cuda, "reset_peak_memory_stats"),
+               (torch.cuda.memory, "reset_peak_memory_stats")]
+    owners += [(torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),
+               (torch._C, "_cuda_emptyCache")]
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
     counts["patched_attributes"] = sum(
         1 for owner, name in owners if getattr(vars(owner).get(name), "_gputrain_probe", False))
+    callback = sys.modules.get("torch._dynamo.callback")
+    handler = getattr(callback, "callback_handler", None)
+    counts["dynamo_compile_callbacks"] = sum(
+        1 for function in getattr(handler, "start_callbacks", ())
+        if getattr(function, "__qualname__", "") == "RunProbe.on_compile_start")
     return counts

@@ -31,9 +31,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-# NVML clock event reasons that mean "the GPU slowed itself down": SwPowerCap 0x4,
-# HwSlowdown 0x8, SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80.
-THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# NVML clock event reasons that mean "the GPU slowed itself down": HwSlowdown 0x8,
+# SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80. SwPowerCap (0x4) is
+# left out: a busy GPU at its default power limit reports it all the time (GPU Boost at work, not a
+# fault), and flagging it would leave a power-heavy step with no clean rounds; when the cap does
+# pull the clocks down mid-session, the clock floor below catches those rounds.
+THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
 # A round whose SM clock is below this fraction of the session's median SM clock is throttled too.
 CLOCK_FLOOR = 0.9
 # A session with fewer clean rounds than this has no summary (it is left out of comparisons).

@@ -9,7 +9,10 @@ and profiler state) and reads the run facts it recorded (``--gpu-facts-out``):
 - tensor-core kernels under bf16 autocast vs plain FP32 with TF32 off (GT106);
 - allocated memory that grows when graph-attached losses are kept (GT108);
 - an out-of-memory failure under ``set_per_process_memory_fraction`` (GT201, GT209);
-- host-device syncs counted per step, and no hook left behind.
+- host-device syncs counted per step, and no hook left behind;
+- the facts that keep the run rules from crying wolf: the busy share outside the profiler window,
+  CUDA graph launches, syncs made inside C++ and the host's wait in them, the power limits, the
+  allocator backend.
 """
 
 from __future__ import annotations
@@ -266,6 +269,65 @@ def test_no_leak():
     assert abs(flat["growth_per_step"]) < 4096 and flat["growth_rising_percent"] < 50
     assert "GT108" in _codes(facts, "test_leak")
     assert "GT108" not in _codes(facts, "test_no_leak")
+
+
+def test_window_facts_of_graphs_masks_and_the_step_outside_the_window(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+
+def graph_batches():
+    static_x = torch.randn(4096, 2048, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture, as the CUDA notes say
+        static_x.mul(2).add_(1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_in = static_x.mul(2).add_(1)
+    labels = torch.randint(0, 10, (4096,), device=DEVICE)
+    while True:
+        graph.replay()  # one cudaGraphLaunch per step
+        yield static_in, labels
+
+
+def test_graph_replay():
+    train(mlp(), graph_batches(), steps=12, autocast=True)
+
+
+def test_mask_syncs():
+    model = mlp(width=256)  # small: the syncs, not the kernels, set the pace
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 256, device=DEVICE)
+    y = torch.randint(-1, 10, (512, 8), device=DEVICE)
+    for _ in range(12):
+        logits = model(x)
+        losses = []
+        for column in range(8):
+            known = y[:, column] >= 0
+            losses.append(torch.nn.functional.cross_entropy(logits[known], y[known, column]))
+        loss = torch.stack(losses).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+""")
+    assert code == 0, output
+    graphs = _run(facts, "test_graph_replay")
+    profile = graphs["profile"]
+    assert profile["captured"], profile["reason"]
+    assert profile["graph_launches_per_step"] >= 1
+    assert profile["kernel_time_per_step"] > 0
+    # Outside the window the profiler no longer slows the launches: at least as busy.
+    assert profile["busy_percent_unprofiled"] >= 0.8 * profile["busy_percent"]
+    assert graphs["memory"]["allocator_backend"] == "native"
+    nvml = graphs["nvml"]
+    if nvml["index"] is not None:
+        assert nvml["power_limit"] and nvml["power_limit_default"]
+        assert nvml["power_limit"] <= nvml["power_limit_default"] * 1.01
+    masks = _run(facts, "test_mask_syncs")
+    assert masks["sync"]["per_step"] == 0  # no Python-level sync in the loop
+    assert masks["sync"]["profiled_per_step"] >= 16  # two boolean masks per column
+    assert masks["profile"]["sync_wait_percent"] > 0
+    assert "GT104" in _codes(facts, "test_mask_syncs")
 
 
 def test_oom_under_a_memory_fraction_is_diagnosed(tmp_path: Path) -> None:
