@@ -165,13 +165,16 @@ class MemoryFacts(FactGroup):
         "bytes", "most pinned host memory torch's host allocator held during the test")
     pinned_host_start: int | None = fact("bytes", "pinned host memory it held when the test began")
     allocated_per_step: list[int] = Field(
-        default_factory=list, description="allocated after each step (thinned past 4096 steps)")
-    growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
+        default_factory=list, description="allocated after steps 1, 1 + s, 1 + 2s, ... with s "
+        "= allocated_stride (every step in short runs; at most 64 readings, evenly spaced)")
+    allocated_stride: int | None = fact(doc="steps between two allocated_per_step readings")
+    growth_steps: int | None = fact(doc="steps past warm-up spanned by the growth fit")
     growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
     growth_late_per_step: float | None = fact(
-        "bytes", "least-squares slope over the second half of the fitted steps")
-    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted")
-    growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
+        "bytes", "least-squares slope over the second half of the fitted readings")
+    growth_total: int | None = fact("bytes", "allocated at the last reading - at the first fitted")
+    growth_rising_percent: float | None = fact(
+        "%", "fitted readings where allocated rose since the reading before")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
     batch_size: int | None = fact(doc="batch size of the run (loader or first input dimension)")
     per_sample: float | None = fact("bytes", "(peak reserved - steady allocated) / batch size")
@@ -269,6 +272,11 @@ class ProfileFacts(FactGroup):
     h2d_pinned_blocking_per_step: float | None = fact(
         doc="pinned host-to-device copies per step followed at once by a stream synchronize "
             "(made without non_blocking=True)")
+    # What the window leaves behind.
+    cupti_teardown: bool | None = fact(
+        doc="kineto detached CUPTI when the window closed (TEARDOWN_CUPTI=1), so later steps "
+            "run without its callbacks")
+    cupti_teardown_reason: str | None = fact(doc="why CUPTI was or was not detached")
 
 
 class LayerFacts(FactGroup):

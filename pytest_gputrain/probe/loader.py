@@ -56,8 +56,14 @@ class LoaderTracker:
     iterators: weakref.WeakKeyDictionary[Any, IteratorState] = field(
         default_factory=weakref.WeakKeyDictionary)
     cuda_initialized: Callable[[], bool] = lambda: False
+    # The iterator of the last batch (weakly) and its state: the next batch is nearly always
+    # from the same iterator, and this spares the weak dictionary's lookup per batch.
+    _last: tuple[Callable[[], Any], IteratorState] | None = None
 
     def state_for(self, iterator: Any) -> IteratorState:
+        last = self._last
+        if last is not None and last[0]() is iterator:
+            return last[1]
         state = self.iterators.get(iterator)
         if state is None:
             settings = read_settings(iterator)
@@ -71,6 +77,8 @@ class LoaderTracker:
             # An iterator that cannot be weakly referenced is counted, not tracked.
             with contextlib.suppress(TypeError):
                 self.iterators[iterator] = state
+        with contextlib.suppress(TypeError):
+            self._last = (weakref.ref(iterator), state)
         return state
 
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> bool:

@@ -301,6 +301,7 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.device = f"cuda:{index}"
     readings = record.allocator
     allocated = record.steps.allocated
+    stride = max(1, record.steps.allocated_stride)
     start = readings.start.get(index, {})
     end = readings.end
     steady = readings.window or end
@@ -314,7 +315,8 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.allocated_start = start.get("allocated_bytes.all.current")
     facts.allocated_end = allocated[-1] if allocated else end.get("allocated_bytes.all.current")
     if allocated:
-        facts.steady_allocated = int(statistics.median(allocated[record.warmup:] or allocated))
+        facts.steady_allocated = int(statistics.median(
+            allocated[_first_reading_at(record.warmup, stride):] or allocated))
     facts.reserved_end = steady.get("reserved_bytes.all.current")
     _own_peaks(facts, record)
     demand = facts.peak_memory
@@ -327,8 +329,9 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     if facts.inactive_split is not None and facts.reserved_end:
         facts.inactive_split_percent = round(
             100.0 * facts.inactive_split / facts.reserved_end, 2)
-    facts.allocated_per_step = thin(allocated)
-    _growth(facts, allocated, record.warmup, demand)
+    facts.allocated_per_step = list(allocated)
+    facts.allocated_stride = stride
+    _growth(facts, allocated, stride, record.warmup, demand)
     _batch_model(facts, batch_size(record), demand)
     return facts
 
@@ -376,21 +379,28 @@ def _pinned_host(facts: MemoryFacts, start: dict[str, Any], window: dict[str, An
     facts.pinned_host = most
 
 
-def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
-    """Least-squares slope of the allocated bytes over the steps after warm-up."""
-    points = allocated[warmup + 1:]
-    facts.growth_steps = len(points)
+def _first_reading_at(step: int, stride: int) -> int:
+    """The first allocator reading taken at 0-based step ``step`` or later."""
+    return -(-step // stride)
+
+
+def _growth(facts: MemoryFacts, allocated: list[int], stride: int, warmup: int,
+            demand: int | None) -> None:
+    """Least-squares slope of the allocated bytes over the steps after warm-up (readings are
+    ``stride`` steps apart)."""
+    points = allocated[_first_reading_at(warmup + 1, stride):]
+    facts.growth_steps = (len(points) - 1) * stride + 1 if points else 0
     if len(points) < 3:
-        facts.unknown["growth_per_step"] = f"{len(allocated)} step(s): too few to fit"
+        facts.unknown["growth_per_step"] = f"{len(allocated)} reading(s): too few to fit"
         return
     n = len(points)
-    slope = _slope(points)
+    slope = _slope(points) / stride
     facts.growth_per_step = round(slope, 1)
     late = points[n // 2:]
     if len(late) >= 3:
-        facts.growth_late_per_step = round(_slope(late), 1)
+        facts.growth_late_per_step = round(_slope(late) / stride, 1)
     else:
-        facts.unknown["growth_late_per_step"] = f"{len(late)} step(s) in the second half"
+        facts.unknown["growth_late_per_step"] = f"{len(late)} reading(s) in the second half"
     facts.growth_total = points[-1] - points[0]
     rises = sum(1 for a, b in itertools.pairwise(points) if b > a)
     facts.growth_rising_percent = round(100.0 * rises / (n - 1), 2)
@@ -400,7 +410,7 @@ def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int |
 
 
 def _slope(points: list[int]) -> float:
-    """Least-squares slope of points taken at steps 0, 1, 2, ..."""
+    """Least-squares slope per reading of evenly spaced readings 0, 1, 2, ..."""
     n = len(points)
     mean_x = (n - 1) / 2
     mean_y = statistics.fmean(points)

@@ -17,6 +17,7 @@ from pytest_gputrain.facts import DeviceSample
 from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
+ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
 MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
 
@@ -39,13 +40,29 @@ class StepSeries:
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
-    allocated: list[int] = field(default_factory=list)  # allocator's bytes (CUDA runs only)
     flags: list[StepFlag] = field(default_factory=list)
     # Top-level forwards so far, at each step boundary: a step with more of them than usual
     # ran validation (GT118 does not call such a long step a stall).
     forwards: list[int] = field(default_factory=list)
     saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     after_window: bool = False  # the next step is the first after the profiler window
+    # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
+    # allocated_stride: read at every step until ALLOCATED_CAPACITY readings, then every
+    # second one is dropped and the stride doubles, so the readings stay evenly spaced and
+    # a long run pays for a few dozen reads per doubling of its length.
+    allocated: list[int] = field(default_factory=list)
+    allocated_stride: int = 1
+
+    def allocated_due(self, index: int) -> bool:
+        """Step ``index`` (0-based) is one whose allocated bytes the series keeps."""
+        return index % self.allocated_stride == 0
+
+    def add_allocated(self, value: int) -> None:
+        allocated = self.allocated
+        allocated.append(value)
+        if len(allocated) >= ALLOCATED_CAPACITY:
+            del allocated[1::2]
+            self.allocated_stride *= 2
 
 
 @dataclass(slots=True)
@@ -75,14 +92,23 @@ class SyncCounts:
     by_call: dict[str, int] = field(default_factory=dict)
 
 
+class WatchMode(enum.Enum):
+    """Which grad-mode forwards of a model get their graph watched (``run.py``'s docstring)."""
+
+    PROBATION = "its first forwards, every one"
+    STREAKS = "those after another forward with no backward in between"
+    EVERY = "every one"
+
+
 class ModuleState:
     """One top-level module: its calls, parameters and the inputs it saw."""
 
-    __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_device",
-                 "first_param", "grad_calls", "handles", "inference_calls", "input_devices",
-                 "input_shapes", "last_device", "last_device_name", "last_shape", "layers",
-                 "name", "new_shape_steps", "param_devices", "param_dtypes", "parameters",
-                 "ref", "shapes_seen", "training_calls")
+    __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_cells",
+                 "first_device", "first_param", "grad_calls", "handles", "held",
+                 "inference_calls", "input_devices", "input_shapes", "last_device",
+                 "last_device_name", "last_shape", "layers", "leaf", "name", "new_shape_steps",
+                 "param_devices", "param_dtypes", "parameters", "pending", "ref", "shapes_seen",
+                 "training_calls", "watch_mode")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -105,6 +131,13 @@ class ModuleState:
         self.last_shape: Any = None
         self.parameters: int | None = None
         self.conv_layers: int | None = None
+        self.leaf = False  # no child modules and no parameters (a loss, an activation)
+        # Watching its forwards' graphs: the mode, the cells of the first forwards, whether a
+        # grad-mode forward came since the last backward, and the output nodes held of it.
+        self.watch_mode = WatchMode.PROBATION
+        self.first_cells: list[list[bool]] = []
+        self.pending = False
+        self.held: list[Any] | None = None
         # Per-forward checks (train/eval mode, DDP gradient sync); None: nothing to check.
         self.checks: ModuleChecks | None = None
         self.layers: LayerScan | None = None  # layer_scan.scan_layers at the first call
@@ -195,16 +228,15 @@ class AllocatorReadings:
 
 @dataclass(slots=True)
 class NvmlTimeline:
-    """NVML samples of the training device, read at step boundaries."""
+    """NVML samples of the training device, taken on a sampler thread while the test ran."""
 
     index: int | None = None  # NVML index; None: not sampling
-    samples: list[DeviceSample] = field(default_factory=list)
-    started: float = 0.0
-    last: float = 0.0  # clock of the last sample
+    samples: list[DeviceSample] = field(default_factory=list)  # copied in when the test ends
     # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
     # a process the test starts itself is another process.
     session_pids: set[int] = field(default_factory=set)
     pids_read: float = 0.0  # clock when session_pids was last refreshed
+    other_seen: bool = False  # the last sample saw other processes on the device
     before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
     power_limit: float | None = None  # W, enforced, read once when sampling starts
     power_limit_default: float | None = None  # W, the board's default limit

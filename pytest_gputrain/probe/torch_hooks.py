@@ -6,7 +6,9 @@ What is installed (and only while a diagnosed test's call phase runs):
   the step boundary;
 - a global module forward pre hook, *armed only between top-level forwards*: it sees the first
   module called outside any other module's forward, then disarms itself so that submodules keep
-  PyTorch's hook-free fast path; a forward hook on that top-level module re-arms it;
+  PyTorch's hook-free fast path; a forward hook on that top-level module (with its keyword
+  arguments, called also when the forward raises) re-arms it. A leaf module without parameters
+  (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
 - wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
@@ -49,6 +51,10 @@ from typing import Any
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
+# Those that take no argument get a wrapper without *args/**kwargs: a quarter of the cost per
+# call, which matters for ``item``: torch's (foreach, non-capturable) Adam and AdamW call it on
+# each parameter's CPU step counter, twice per parameter and step.
+NO_ARGUMENT_METHODS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__"})
 
 
 class Patches:
@@ -96,14 +102,31 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
 
 def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
     """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def is_cuda(tensor: Any) -> bool:
         try:
-            if self.is_cuda:
-                counts.pending += 1
-                counts.by_call[name] = counts.by_call.get(name, 0) + 1
+            return bool(tensor.is_cuda)
         except Exception:  # exotic tensor subclasses: count nothing, change nothing
-            pass
-        return original(self, *args, **kwargs)
+            return False
+
+    def count() -> None:
+        counts.pending += 1
+        counts.by_call[name] = counts.by_call.get(name, 0) + 1
+
+    wrapper: Callable[..., Any]
+    if name in NO_ARGUMENT_METHODS:
+        def wrapper(self: Any) -> Any:
+            try:
+                cuda = self.is_cuda  # inline: the common CPU case is one attribute read
+            except Exception:
+                cuda = False
+            if cuda:
+                count()
+            return original(self)
+    else:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_cuda(self):
+                count()
+            return original(self, *args, **kwargs)
 
     wrapper.__name__ = getattr(original, "__name__", name)
     wrapper.__qualname__ = getattr(original, "__qualname__", name)
