@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -673,3 +676,59 @@ def test_small_host_tensors_of_a_loader_batch_are_counted() -> None:
     assert small_host_tensors(batch) == 3
     assert small_host_tensors((torch.zeros(8), [torch.zeros(2), torch.zeros(20000)])) == 2
     assert small_host_tensors("text") == 0
+
+
+COMPILED_ITEM = r'''
+import sys, warnings, torch
+from pytest_gputrain.probe.run import RunProbe
+
+class Logging(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        h = self.fc(x)
+        self.last = h.detach().mean().item()   # a logging sync inside the compiled forward
+        return h.relu().sum()
+
+def breaks(probe):
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.compile(Logging(), backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    p = RunProbe(torch, "t::x", profile_steps=None, sampler=False) if probe else None
+    if p: p.start()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.randn(2, 4)).backward()
+                opt.step()
+    finally:
+        if p: p.stop()
+    texts = [str(w.message) for w in seen if "TensorBase" in str(w.message)]
+    return sum(counters["graph_break"].values()), texts, p
+
+plain, plain_texts, _ = breaks(False)
+probed, probed_texts, probe = breaks(True)
+print("PLAIN", plain, plain_texts)
+print("PROBED", probed, probed_texts, probe.record.syncs.stopped_at, probe.facts().sync.method)
+assert probed == plain and not probed_texts, (plain, probed, probed_texts)
+assert torch.Tensor.item is torch._C.TensorBase.item  # nothing left patched
+print("OK")
+'''
+
+
+def test_compiled_code_never_sees_the_sync_wrappers(tmp_path: Path) -> None:
+    # Dynamo would trace into the probe's Python wrapper of Tensor.item and meet the C method it
+    # wraps ("does not know how to trace the builtin TensorBase.item"): an extra graph break and
+    # a warning that -W error turns into a failure. The probe takes its wrappers out when
+    # torch.compile starts; compiled code then sees torch's own methods.
+    script = tmp_path / "compiled_item.py"
+    script.write_text(COMPILED_ITEM)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+    assert "torch.compile began in step 1" in done.stdout

@@ -902,7 +902,11 @@ class RunProbe:
         """Dynamo is about to compile a frame (called by dynamo; must never raise)."""
         try:
             if not self.disabled:
-                self.record.compile.compile_steps.append(len(self.record.steps.times))
+                steps = len(self.record.steps.times)
+                self.record.compile.compile_steps.append(steps)
+                if self.record.syncs.stopped_at is None:
+                    self.record.syncs.stopped_at = steps
+                    self.record.errors.extend(self.install.drop_sync_wrappers())
         except Exception:
             pass
 

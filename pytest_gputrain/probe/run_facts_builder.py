@@ -279,12 +279,19 @@ def _sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
     facts.by_call = [f"{name}: {count}" for name, count in
                      sorted(by_call.items(), key=lambda item: (-item[1], item[0]))]
     facts.total = sum(by_call.values())
-    if steady:
-        counts = [record.steps.syncs[i] for i in steady]
+    stopped = record.syncs.stopped_at
+    counted = steady if stopped is None else [i for i in steady if i < stopped]
+    if stopped is not None:
+        facts.method = (f"python-wrappers until torch.compile began in step {stopped + 1} "
+                        "(taken out then: dynamo cannot trace them); the profiler window after")
+    if counted:
+        counts = [record.steps.syncs[i] for i in counted]
         facts.per_step = float(statistics.median(counts))
         facts.max_per_step = max(counts)
     else:
-        facts.mark_unknown("per_step", "no optimizer steps")
+        facts.mark_unknown("per_step", "no optimizer steps" if stopped is None else
+                           "torch.compile began before the steady steps: the profiler window "
+                           "counts the syncs (profiled_per_step)")
     profiled = record.window_facts.get("syncs_per_step")
     if profiled is not None:
         facts.profiled_per_step = profiled

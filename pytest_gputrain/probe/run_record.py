@@ -90,6 +90,9 @@ class SyncCounts:
 
     pending: int = 0  # since the last step
     by_call: dict[str, int] = field(default_factory=dict)
+    # Steps done when torch.compile began and the wrappers were taken out (None: counted to
+    # the end); later steps' counts are not the code's syncs.
+    stopped_at: int | None = None
 
 
 class WatchMode(enum.Enum):

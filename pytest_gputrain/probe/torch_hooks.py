@@ -46,7 +46,7 @@ is recorded in ``run.probe_errors``; it never reaches user code.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
@@ -75,20 +75,34 @@ class Patches:
         """Undo every patch, newest first; returns problems (a patch someone replaced since)."""
         problems = []
         while self._saved:
-            owner, name, had, original, replacement = self._saved.pop()
-            current = vars(owner).get(name)
-            if current is not replacement:
-                label = getattr(owner, "__name__", type(owner).__name__)
-                problems.append(f"{label}.{name} was replaced during the test; left as found")
-                continue
-            if had:
-                setattr(owner, name, original)
+            problems.extend(_undo(*self._saved.pop()))
+        return problems
+
+    def restore_some(self, owner: Any, names: Iterable[str]) -> list[str]:
+        """Undo the patches of ``names`` on ``owner`` only (the others stay)."""
+        wanted = set(names)
+        kept, problems = [], []
+        for entry in self._saved:
+            if entry[0] is owner and entry[1] in wanted:
+                problems.extend(_undo(*entry))
             else:
-                delattr(owner, name)
+                kept.append(entry)
+        self._saved = kept
         return problems
 
     def __len__(self) -> int:
         return len(self._saved)
+
+
+def _undo(owner: Any, name: str, had: bool, original: Any, replacement: Any) -> list[str]:
+    if vars(owner).get(name) is not replacement:
+        label = getattr(owner, "__name__", type(owner).__name__)
+        return [f"{label}.{name} was replaced during the test; left as found"]
+    if had:
+        setattr(owner, name, original)
+    else:
+        delattr(owner, name)
+    return []
 
 
 def is_compiling(torch: Any) -> Callable[[], bool]:
@@ -369,6 +383,16 @@ class Installation:
             return
         self.patches.set(optimized, "__call__",
                          wrap_optimized_call(optimized.__call__, self.probe))
+
+    def drop_sync_wrappers(self) -> list[str]:
+        """Put torch's own syncing tensor methods back for the rest of the test.
+
+        Called when torch.compile starts compiling: dynamo would trace into the Python wrapper
+        and meet the C method it wraps, which it cannot trace ("Dynamo does not know how to
+        trace the builtin TensorBase.item"): a graph break and a warning that ``-W error`` turns
+        into a failure of the user's test. Without the wrapper dynamo handles ``.item()`` as it
+        always does; syncs are then counted by the profiler window only."""
+        return self.patches.restore_some(self.torch.Tensor, SYNC_METHODS)
 
     def remove(self) -> list[str]:
         """Remove everything installed; returns problems found while doing so."""
