@@ -104,6 +104,7 @@ class DeviceFacts(FactGroup):
     temperature_slowdown: float | None = fact("°C", "temperature at which the GPU slows down")
     power_draw: float | None = fact("W", "power draw")
     power_limit: float | None = fact("W", "enforced power limit")
+    power_limit_default: float | None = fact("W", "default power limit of the board")
     utilization_gpu: float | None = fact("%", "time with a kernel running, last sample period")
     sm_clock: float | None = fact("MHz", "current SM clock")
     sm_clock_max: float | None = fact("MHz", "maximum SM clock")

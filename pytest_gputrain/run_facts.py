@@ -37,6 +37,16 @@ FailureKind = Literal[
     "device_side_assert",
     "launch_failure",
     "nccl",
+    "graph_capture",
+    "cuda_fork",
+    "cuda_unavailable",
+    "numpy_on_cuda",
+    "dtype_mismatch",
+    "nondeterministic_op",
+    "loader_worker",
+    "cudnn_no_algorithm",
+    "library_init",
+    "compile",
     "cudnn",
     "cublas",
     "cuda_other",
@@ -95,6 +105,8 @@ class LoaderFacts(FactGroup):
     prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
     batch_size: int | None = fact(doc="batch_size of the main loader")
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
+    batch_small_tensors: int | None = fact(
+        doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
     epochs: int | None = fact(doc="iterators the main loader created (epochs)")
     batches: int = fact(doc="batches fetched from all loaders", default=0)
     wait_total: float = fact("s", "time blocked in DataLoader __next__, all loaders", default=0.0)
@@ -147,19 +159,35 @@ class MemoryFacts(FactGroup):
     inactive_split: int | None = fact("bytes", "inactive, non-releasable split blocks (steady)")
     inactive_split_percent: float | None = fact("%", "inactive_split / reserved (steady)")
     expandable_segments: bool | None = fact(doc="PYTORCH_CUDA_ALLOC_CONF has expandable_segments")
+    allocator_backend: str | None = fact(
+        doc="torch.cuda.get_allocator_backend() at the first CUDA step: native or cudaMallocAsync")
+    pinned_host: int | None = fact(
+        "bytes", "most pinned host memory torch's host allocator held during the test")
+    pinned_host_start: int | None = fact("bytes", "pinned host memory it held when the test began")
     allocated_per_step: list[int] = Field(
-        default_factory=list, description="allocated after each step (thinned past 4096 steps)")
-    growth_steps: int | None = fact(doc="steps past warm-up in the growth fit")
+        default_factory=list, description="allocated after steps 1, 1 + s, 1 + 2s, ... with s "
+        "= allocated_stride (every step in short runs; at most 64 readings, evenly spaced)")
+    allocated_stride: int | None = fact(doc="steps between two allocated_per_step readings")
+    growth_steps: int | None = fact(doc="steps past warm-up spanned by the growth fit")
     growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step",
                                          signed=True)
-    growth_total: int | None = fact("bytes", "allocated at the last step - at the first fitted",
+    growth_late_per_step: float | None = fact(
+        "bytes", "least-squares slope over the second half of the fitted readings", signed=True)
+    growth_total: int | None = fact("bytes", "allocated at the last reading - at the first fitted",
                                     signed=True)
-    growth_rising_percent: float | None = fact("%", "fitted steps where allocated rose")
+    growth_rising_percent: float | None = fact(
+        "%", "fitted readings where allocated rose since the reading before")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
     batch_size: int | None = fact(doc="batch size of the run (loader or first input dimension)")
     per_sample: float | None = fact("bytes", "(peak reserved - steady allocated) / batch size")
     oom_batch_estimate: int | None = fact(
         doc="batch size at which peak reserved would exceed the budget (linear model)")
+    device_allocs_steady: int | None = fact(
+        doc="cudaMalloc calls by the caching allocator after warm-up (num_device_alloc)")
+    device_frees_steady: int | None = fact(
+        doc="cudaFree calls by the caching allocator after warm-up, not made by empty_cache()")
+    device_allocs_per_step: float | None = fact(
+        doc="device_allocs_steady per optimizer step after warm-up")
 
 
 class SyncFacts(FactGroup):
@@ -189,6 +217,16 @@ class ProfileFacts(FactGroup):
     step_time: float | None = fact("s", "wall time per profiled step")
     kernel_time: float | None = fact("s", "time with any kernel or copy running (union)")
     busy_percent: float | None = fact("%", "kernel_time / wall")
+    kernel_time_per_step: float | None = fact("s", "kernel_time / steps profiled")
+    busy_percent_unprofiled: float | None = fact(
+        "%", "kernel_time_per_step / run.step_time: busy share of a step outside the window "
+             "(the profiler slows launches, not kernels)")
+    busy_percent_without_waits: float | None = fact(
+        "%", "kernel_time_per_step / (run.step_time - loader wait - pageable copy time per "
+             "step): how busy the GPU would be without the loader and pageable-copy waits")
+    idle_without_waits_percent: float | None = fact(
+        "%", "GPU idle time per step that neither the loader wait nor pageable copies explain, "
+             "as a share of run.step_time")
     kernels: int | None = fact(doc="kernels launched in the window")
     kernels_per_step: float | None = fact(doc="kernels per profiled step")
     kernel_mean: float | None = fact("µs", "mean kernel duration")
@@ -202,9 +240,82 @@ class ProfileFacts(FactGroup):
     h2d_pageable_percent: float | None = fact("%", "pageable H2D copy time / wall")
     h2d_pinned_copies: int | None = fact(doc="host-to-device copies from pinned memory")
     syncs_per_step: float | None = fact(doc="cuda*Synchronize calls per step")
+    sync_wait_percent: float | None = fact(
+        "%", "host time inside synchronize calls and device-to-host copies / wall")
+    graph_launches_per_step: float | None = fact(doc="CUDA graph launches per step")
     host_wait_percent: float | None = fact(
         "%", "GPU idle time where the next kernel was launched only after the GPU went idle")
+    h2d_small_copies_per_step: float | None = fact(
+        doc="host-to-device copies under 64 KiB per step (tensors built on the host)")
+    h2d_small_host_percent: float | None = fact(
+        "%", "host time in the runtime calls of those copies and the syncs right after them "
+             "/ wall")
+    h2d_small_syncs_per_step: float | None = fact(
+        doc="cuda*Synchronize calls per step made right after a small host-to-device copy")
     top_kernels: list[str] = Field(default_factory=list, description="longest kernels by time")
+    # Host-side work in the loop (GT117), kernel families (GT128), communication (GT311),
+    # blocking pinned copies (GT130).
+    host_silent_percent: float | None = fact(
+        "%", "GPU idle while no host thread made a CUDA call for >= 200 µs / wall")
+    host_silent_per_step: float | None = fact("s", "that silent idle time per profiled step")
+    loader_wait_percent: float | None = fact(
+        "%", "time blocked in the DataLoader during the profiled steps / wall")
+    host_work_percent: float | None = fact(
+        "%", "host_silent_percent - loader_wait_percent: the GPU idle while the host did "
+             "other work than CUDA calls and waiting for the loader")
+    elementwise_percent: float | None = fact(
+        "%", "eager elementwise and reduction kernels' share of kernel time")
+    triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")
+    comm_percent: float | None = fact("%", "NCCL kernel time (union) / wall")
+    comm_exposed_percent: float | None = fact(
+        "%", "NCCL kernel time with no other kernel running / wall")
+    comm_overlap_percent: float | None = fact(
+        "%", "NCCL kernel time overlapped by computation / NCCL kernel time")
+    h2d_pinned_blocking_per_step: float | None = fact(
+        doc="pinned host-to-device copies per step followed at once by a stream synchronize "
+            "(made without non_blocking=True)")
+    # What the window leaves behind.
+    cupti_teardown: bool | None = fact(
+        doc="kineto detached CUPTI when the window closed (TEARDOWN_CUPTI=1), so later steps "
+            "run without its callbacks")
+    cupti_teardown_reason: str | None = fact(doc="why CUPTI was or was not detached")
+
+
+class LayerFacts(FactGroup):
+    """The layers of the top-level modules, read once when each module is first called."""
+
+    conv2d: int | None = fact(doc="Conv2d layers")
+    conv_bias_before_bn: int | None = fact(
+        doc="convolutions with a bias registered right before a batch norm of their channels")
+    conv_bias_pairs: list[str] = Field(
+        default_factory=list, description="those convolution/batch-norm pairs (at most 8)")
+    channels_last_weights: bool | None = fact(
+        doc="the Conv2d weights are channels_last (unknown when the layout is ambiguous)")
+    channels_last_input: bool | None = fact(
+        doc="the first 4-D input of the main conv model was channels_last (unknown: ambiguous)")
+    linear_weights: int | None = fact(doc="weight elements of Linear and Embedding layers")
+    misaligned: list[str] = Field(
+        default_factory=list,
+        description="Linear/Embedding layers with a dimension not divisible by 8 (at most 8)")
+    misaligned_percent: float | None = fact(
+        "%", "weight elements of those layers / all Linear and Embedding weight elements")
+
+
+class StallFacts(FactGroup):
+    """Steps far longer than the median step that nothing in the loop explains (GT118)."""
+
+    threshold: float | None = fact("s", "a stall is a step longer than this: "
+                                        "max(0.1 s, 5 x the median step)")
+    steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
+    explained: int | None = fact(
+        doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
+            "a new input shape under cuDNN autotuning or torch.compile")
+    time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
+    time_percent: float | None = fact("%", "that time / the training time of the judged steps")
+    longest: float | None = fact("s", "the longest unexplained stall step")
+    step_numbers: list[int] = Field(
+        default_factory=list, description="1-based step numbers of the stalls (first 10)")
+    every: int | None = fact(doc="median number of steps between two stalls")
 
 
 class NvmlRunFacts(FactGroup):
@@ -230,6 +341,78 @@ class NvmlRunFacts(FactGroup):
     throttle_percent: float | None = fact(
         "%", "samples with a hardware slowdown, thermal slowdown or power brake")
     power_cap_percent: float | None = fact("%", "samples held by the software power cap")
+    power_limit: float | None = fact("W", "enforced power limit when sampling started")
+    power_limit_default: float | None = fact("W", "the board's default power limit")
+
+
+class CompileFacts(FactGroup):
+    """torch.compile during the test: dynamo's counters (``torch._dynamo.utils.counters``) read
+    at the start, after the warm-up steps and at the end, and the compiles per step."""
+
+    used: bool | None = fact(doc="a compiled module was called or dynamo compiled a frame")
+    compiled_calls: int | None = fact(doc="top-level calls of compiled modules (OptimizedModule)")
+    frames_compiled: int | None = fact(doc="frames dynamo tried to compile during the test")
+    frames_after_warmup: int | None = fact(doc="of those, frames tried after the warm-up steps")
+    frames_failed: int | None = fact(
+        doc="frames that failed to compile and ran eagerly (frames total - ok)")
+    compiles: int | None = fact(doc="compilations started during the test (dynamo callbacks)")
+    steps_with_compile: int | None = fact(doc="optimizer steps after warm-up in which a "
+                                              "compilation started")
+    recompile_steps_percent: float | None = fact(
+        "%", "steps_with_compile / optimizer steps after warm-up")
+    recompile_limit_hits: int | None = fact(
+        doc="frames that hit the recompile limit (recompile_limit, formerly cache_size_limit) "
+            "and now run eagerly")
+    recompile_reasons: list[str] = Field(
+        default_factory=list, description="guard failures that caused recompiles (first line, "
+                                          "at most 5 distinct)")
+    unique_graphs: int | None = fact(doc="graphs compiled during the test")
+    graph_breaks: int | None = fact(doc="graph breaks during the test")
+    graph_break_reasons: list[str] = Field(
+        default_factory=list, description="graph break reasons, most frequent first (first "
+                                          "line, at most 5)")
+    suppress_errors: bool | None = fact(
+        doc="torch._dynamo.config.suppress_errors was on while the test trained")
+    compile_time: float | None = fact("s", "time dynamo spent compiling frames")
+    wraps_ddp: bool | None = fact(
+        doc="a compiled module wraps DistributedDataParallel or FullyShardedDataParallel")
+    wrapped_modules: list[str] = Field(
+        default_factory=list, description="class names of the modules torch.compile wrapped")
+
+
+class OptimizerFacts(FactGroup):
+    """The main optimizer: its implementation, the host time of its step, and zero_grad."""
+
+    name: str | None = fact(doc="class of the main optimizer")
+    foreach: bool | None = fact(
+        doc="foreach as configured (None: torch's default, multi-tensor on CUDA)")
+    fused: bool | None = fact(doc="fused as configured")
+    param_tensors: int | None = fact(doc="parameter tensors the optimizer updates")
+    step_host_time: float | None = fact("s", "median host time of optimizer.step() (steady)")
+    step_host_percent: float | None = fact("%", "step_host_time / run.step_time")
+    zero_grad_calls: int = fact(doc="Optimizer.zero_grad / Module.zero_grad calls", default=0)
+    zero_grad_to_zeros: int = fact(
+        doc="of those, calls with set_to_none=False (gradients filled with zeros)", default=0)
+
+
+class DdpFacts(FactGroup):
+    """DistributedDataParallel modules trained in the test (top-level forwards of a DDP
+    module, and DDP's own logging data)."""
+
+    used: bool | None = fact(doc="a DistributedDataParallel module ran a forward")
+    world_size: int | None = fact(doc="processes in the DDP module's process group")
+    forwards_per_step: float | None = fact(
+        doc="median grad-mode DDP forwards per optimizer step (steady)")
+    synced_forwards_per_step: float | None = fact(
+        doc="median of those whose backward all-reduces (require_backward_grad_sync: not "
+            "inside no_sync())")
+    find_unused_parameters: bool | None = fact(doc="DDP(find_unused_parameters=True)")
+    unused_parameter_size: int | None = fact(
+        "bytes", "parameters DDP found unused in the last sampled iteration")
+    logged_iteration: int | None = fact(doc="DDP iteration of the logging data read")
+    comm_time: float | None = fact("s", "DDP's average backward communication time")
+    comm_overlap_time: float | None = fact(
+        "s", "DDP's average backward computation overlapped with communication")
 
 
 class ForwardRecord(BaseModel):
@@ -249,6 +432,8 @@ class RunFacts(FactGroup):
     nodeid: str = fact(doc="the test", default="")
     duration: float | None = fact("s", "wall time of the test call")
     cuda_available: bool | None = fact(doc="torch.cuda.is_available() during the test")
+    cpu_parametrized: bool | None = fact(
+        doc="the test is parametrized with a CPU device ('cpu' or torch.device('cpu'))")
     cuda_used: bool | None = fact(doc="the test allocated CUDA memory")
     device: str | None = fact(doc="device of the trained parameters (cuda:0, cpu)")
     device_name: str | None = fact(doc="name of that device")
@@ -315,11 +500,26 @@ class RunFacts(FactGroup):
     gradcheck_calls: int = fact(
         doc="torch.autograd.gradcheck/gradgradcheck calls after the first optimizer step",
         default=0)
+    mode_layers: int | None = fact(
+        doc="layers that behave differently in train and eval mode (dropout p > 0, batch "
+            "norm with running statistics, RNN dropout) in the top-level modules")
+    eval_forwards_in_train_mode: int | None = fact(
+        doc="no_grad/inference_mode forwards of modules with such layers in training mode")
+    trained_forwards_in_eval_mode: int | None = fact(
+        doc="forwards in eval mode of modules with such layers that a backward went through")
+    empty_cache_calls: int = fact(doc="torch.cuda.empty_cache() calls", default=0)
+    empty_cache_steps_percent: float | None = fact(
+        "%", "optimizer steps after warm-up in which empty_cache() was called")
     loader: LoaderFacts = Field(default_factory=LoaderFacts)
     memory: MemoryFacts = Field(default_factory=MemoryFacts)
     sync: SyncFacts = Field(default_factory=SyncFacts)
     profile: ProfileFacts = Field(default_factory=ProfileFacts)
+    layers: LayerFacts = Field(default_factory=LayerFacts)
+    stalls: StallFacts = Field(default_factory=StallFacts)
     nvml: NvmlRunFacts = Field(default_factory=NvmlRunFacts)
+    compile: CompileFacts = Field(default_factory=CompileFacts)
+    optimizer: OptimizerFacts = Field(default_factory=OptimizerFacts)
+    ddp: DdpFacts = Field(default_factory=DdpFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 
@@ -382,7 +582,28 @@ class FailureFacts(FactGroup):
     dsa_enabled: bool | None = fact(doc="TORCH_USE_CUDA_DSA was set")
     nccl_error: str | None = fact(doc="NCCL error class from the message (unhandled cuda error, "
                                       "system error, internal error, invalid usage, remote "
-                                      "error, timeout)")
+                                      "error, timeout, duplicate gpu)")
+    # What the message names, per kind (failure_kinds.py)
+    status: str | None = fact(doc="status a cuDNN / cuBLAS / CUDA error names, e.g. "
+                                  "CUBLAS_STATUS_EXECUTION_FAILED")
+    driver_problem: str | None = fact(doc="driver_too_old: too_old, ptx_newer_than_driver, "
+                                          "driver_library_mismatch or compat_unsupported")
+    operation: str | None = fact(doc="nondeterministic_op: the operation without a "
+                                     "deterministic implementation")
+    cublas_workspace_config: str | None = fact(doc="CUBLAS_WORKSPACE_CONFIG at the failure")
+    in_loader_worker: bool | None = fact(doc="raised inside a DataLoader worker process")
+    loader_cause: str | None = fact(doc="loader_worker: shared_memory, host_memory, open_files "
+                                        "or crashed")
+    signal: str | None = fact(doc="signal that killed a DataLoader worker ('Bus error', "
+                                  "'Killed')")
+    compile_stage: str | None = fact(doc="compile: the stage that failed (dynamo, aot, "
+                                         "inductor, triton)")
+    dtypes: list[str] = Field(default_factory=list, description="dtypes named in the message")
+    cuda_involved: bool | None = fact(doc="the message names CUDA, or the failing module's "
+                                          "parameters or inputs were on a CUDA device")
+    cuda_unavailable_cause: str | None = fact(
+        doc="cuda_unavailable: cpu_only_build, no_driver, gpus_hidden, busy, init_failed or "
+            "no_gpu")
     world_size: int | None = fact(doc="WORLD_SIZE of the failing process")
     rank: int | None = fact(doc="RANK of the failing process")
     local_world_size: int | None = fact(doc="LOCAL_WORLD_SIZE of the failing process")

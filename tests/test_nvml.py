@@ -65,6 +65,14 @@ class FakeBinding:
         self._answer("nvmlDeviceGetMemoryInfo")
         return SimpleNamespace(total=140 * GiB, free=100 * GiB, used=40 * GiB)
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        self._answer("nvmlDeviceGetEnforcedPowerLimit")
+        return 400_000  # mW: lowered with nvidia-smi -pl 400
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: int) -> int:
+        self._answer("nvmlDeviceGetPowerManagementDefaultLimit")
+        return 700_000
+
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: int) -> list[Any]:
         self._answer("nvmlDeviceGetComputeRunningProcesses_v3")
         return self.processes
@@ -260,6 +268,27 @@ def test_device_facts_and_samples_use_the_same_listing() -> None:
     assert (device.other_process_count, device.other_process_memory) == (2, GiB)
     sample = nvml.read_sample(0, fake, pids=[own, 30])
     assert sample is not None and sample.process_memory == 3 * GiB
+
+
+# -- power limits ---------------------------------------------------------------------------------
+
+
+def test_power_limits_enforced_and_default_in_watts() -> None:
+    enforced, default = nvml.read_power_limits(0, session())
+    assert (enforced.value, default.value) == (400.0, 700.0)
+    device = nvml.read_device(0, own_pids=set(), nvml=session())
+    assert (device.power_limit, device.power_limit_default) == (400.0, 700.0)
+
+
+def test_a_default_limit_nvml_cannot_tell_is_unknown_with_its_reason() -> None:
+    fake = session(fail={"nvmlDeviceGetPowerManagementDefaultLimit":
+                         pynvml.NVML_ERROR_NOT_SUPPORTED})
+    enforced, default = nvml.read_power_limits(0, fake)
+    assert enforced.value == 400.0
+    assert not default.ok and default.error == "Not Supported"
+    device = nvml.read_device(0, own_pids=set(), nvml=fake)
+    assert device.power_limit_default is None
+    assert device.unknown["power_limit_default"] == "Not Supported"
 
 
 # -- the callers outside collect/ -----------------------------------------------------------------

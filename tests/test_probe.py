@@ -434,3 +434,28 @@ def test_compiled_models_train_under_the_probe_without_warnings(pytester: pytest
         assert run["steps"] == 6 and run["forwards"] == 6, run
         assert [m["name"] for m in run["modules"]] == ["OptimizedModule"]
         assert run["probe_errors"] == []
+
+
+def test_a_cpu_parametrized_test_is_recorded_as_such(pytester: pytest.Pytester,
+                                                    use_facts: Callable[..., Any]) -> None:
+    use_facts("cpu_laptop")
+    pytester.makepyfile(helpers=TRAIN_LOOP)
+    pytester.makepyfile(test_devices="""
+        import pytest
+        from helpers import make, train
+
+        @pytest.mark.parametrize("device", ["cpu"])
+        def test_on(device):
+            model, optimizer, loader = make(batch_size=16, n=128)
+            train(model.to(device), optimizer, loader, epochs=1)
+
+        def test_plain():
+            model, optimizer, loader = make(batch_size=16, n=128)
+            train(model, optimizer, loader, epochs=1)
+        """)
+    result = _run(pytester)
+    result.assert_outcomes(passed=2)
+    runs = {r["nodeid"]: r for r in _facts(pytester)["runs"]}
+    assert runs["test_devices.py::test_on[cpu]"]["cpu_parametrized"] is True
+    assert runs["test_devices.py::test_plain"]["cpu_parametrized"] is False
+    _no_hooks_left()

@@ -59,7 +59,7 @@ MiB = 2**20
     ("RuntimeError", "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm`",
      "cublas"),
     ("RuntimeError", "CUDA error: operation not permitted when stream is capturing",
-     "cuda_other"),
+     "graph_capture"),
     ("AssertionError", "assert 0.61 >= 0.8", "not_gpu"),
     ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (4x3 and 4x2)", "not_gpu"),
     ("ValueError", "could not read /data/nccl_free_dataset.csv", "not_gpu"),
@@ -213,6 +213,29 @@ def test_analyse_tensor_cores_and_copies() -> None:
     assert facts["h2d_pageable_bytes_per_step"] == 4 * MiB
     assert facts["h2d_pageable_percent"] == 10.0
     assert facts["host_wait_percent"] is None  # no launch records to tell
+
+
+def test_analyse_kernel_time_per_step_graph_launches_and_sync_waits() -> None:
+    gpu = [
+        _k("void at::native::elementwise_kernel", 0, 20, 1),
+        _k("Memcpy DtoH (Device -> Pageable)", 100, 102, 2),     # a .item()'s copy
+        _k("void at::native::elementwise_kernel", 300, 340, 3),  # inside the graph
+    ]
+    runtime = [
+        _r("cudaLaunchKernel", -5, -4, 1),
+        _r("cudaMemcpyAsync", 90, 110, 2),           # waits for the GPU: 20 µs
+        _r("cudaStreamSynchronize_v3020", 110, 150),  # versioned name, 40 µs
+        _r("cudaGraphLaunch_v10000", 290, 295, 3),
+        _r("cudaMemcpyAsync", 400, 405, 9),          # no DtoH copy of its own: not a wait
+        _r("cudaDeviceSynchronize", 900, 1000),      # the window's own closing sync
+    ]
+    facts = analyse(gpu, runtime, wall=1000e-6, steps=2, own_syncs=1)
+    assert facts["kernel_time_per_step"] == pytest.approx(30e-6)
+    assert facts["graph_launches_per_step"] == 0.5
+    assert facts["syncs_per_step"] == 0.5
+    assert facts["sync_wait_percent"] == 6.0  # 20 + 40 µs of the 1000 µs window
+    without_own = analyse(gpu, runtime, wall=1000e-6, steps=2, own_syncs=0)
+    assert without_own["sync_wait_percent"] == 16.0
 
 
 def test_pageable_bytes_unknown_when_the_profiler_gives_none() -> None:
@@ -386,6 +409,51 @@ def test_growth_fit_on_a_leak() -> None:
     assert memory.num_alloc_retries == 1  # counted during the test only
 
 
+def test_growth_that_stops_has_a_flat_second_half() -> None:
+    filled = [GiB + min(i, 15) * 8 * MiB for i in range(40)]  # a cache that fills, then stays
+    memory = _probe_with_steps(filled).facts().memory
+    assert memory.growth_per_step is not None and memory.growth_per_step > 0
+    assert memory.growth_late_per_step == 0.0
+    leak = _probe_with_steps([GiB + i * 8 * MiB for i in range(40)]).facts().memory
+    assert leak.growth_late_per_step == pytest.approx(8 * MiB)
+    short = _probe_with_steps([GiB + i * MiB for i in range(6)]).facts().memory
+    assert short.growth_late_per_step is None and "second half" in short.unknown[
+        "growth_late_per_step"]
+
+
+def test_busy_share_is_judged_against_the_step_outside_the_window() -> None:
+    probe = _probe_with_steps([GiB] * 20)
+    probe.record.profile_steps = (3, 6)
+    # 10 ms steps outside the window; 2 ms of kernels per step; 4 ms waiting for the loader.
+    probe.record.steps.waits = [0.004] * 20
+    probe.record.window_facts = {"captured": True, "steps": 4, "step_time": 0.016,
+                                 "kernel_time_per_step": 0.002, "busy_percent": 12.5,
+                                 "h2d_pageable_percent": 12.5}  # 2 ms of the profiled step
+    profile = probe.facts().profile
+    assert profile.busy_percent_unprofiled == 20.0
+    assert profile.busy_percent_without_waits == 50.0  # 2 ms of the 4 ms left
+    assert profile.idle_without_waits_percent == 20.0  # 2 ms idle of the 10 ms step
+
+
+def test_a_step_filled_by_waits_leaves_no_unexplained_idle_time() -> None:
+    probe = _probe_with_steps([GiB] * 20)
+    probe.record.profile_steps = (3, 6)
+    probe.record.steps.waits = [0.0101] * 20
+    probe.record.window_facts = {"captured": True, "steps": 4, "step_time": 0.01,
+                                 "kernel_time_per_step": 0.0005, "h2d_pageable_percent": 0.0}
+    profile = probe.facts().profile
+    assert profile.busy_percent_unprofiled == 5.0
+    assert profile.busy_percent_without_waits is None
+    assert profile.idle_without_waits_percent == 0.0
+
+
+def test_no_window_leaves_the_unprofiled_busy_share_unknown() -> None:
+    probe = _probe_with_steps([GiB] * 20)
+    profile = probe.facts().profile
+    assert profile.busy_percent_unprofiled is None
+    assert "profiler window is off" in profile.unknown["busy_percent_unprofiled"]
+
+
 def test_flat_memory_and_the_batch_model() -> None:
     memory = _probe_with_steps([10 * GiB] * 40, batch=64).facts().memory
     assert memory.growth_per_step == 0.0 and memory.growth_rising_percent == 0.0
@@ -542,7 +610,12 @@ def test_nvml_timeline_facts() -> None:
                      temperature=88.0, sm_clock=1400.0, clock_event_reasons=0x20 | 0x4),
         DeviceSample(t=0.5, utilization_gpu=None, clock_event_reasons=0x1),
     ]
-    nvml = probe.facts().nvml
+    probe.record.nvml.power_limit, probe.record.nvml.power_limit_default = 400.0, 700.0
+    probe.record.allocator.backend = "cudaMallocAsync"
+    facts = probe.facts()
+    nvml = facts.nvml
+    assert (nvml.power_limit, nvml.power_limit_default) == (400.0, 700.0)
+    assert facts.memory.allocator_backend == "cudaMallocAsync"
     assert nvml.index == 3 and nvml.samples == 3
     assert nvml.utilization_mean == 85.0 and nvml.memory_used_max == 12 * GiB
     assert nvml.process_memory_max == 8 * GiB and nvml.temperature_max == 88.0
@@ -550,6 +623,38 @@ def test_nvml_timeline_facts() -> None:
     assert nvml.throttle_reasons == ["gpu_idle", "sw_power_cap", "sw_thermal_slowdown"]
     assert nvml.throttle_percent == pytest.approx(33.33)
     assert nvml.power_cap_percent == pytest.approx(66.67)
+
+
+def test_allocator_backend_reads_torch_and_never_raises() -> None:
+    from pytest_gputrain.probe.cuda_readings import allocator_backend
+
+    def fake(answer: Any) -> Any:
+        def get_allocator_backend() -> str:
+            if isinstance(answer, Exception):
+                raise answer
+            return str(answer)
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(
+            get_allocator_backend=get_allocator_backend))
+
+    assert allocator_backend(fake("cudaMallocAsync")) == "cudaMallocAsync"
+    assert allocator_backend(fake("native")) == "native"
+    assert allocator_backend(fake(RuntimeError("no CUDA"))) is None
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    ({"device": "cpu"}, True),
+    ({"device": "CPU:0", "batch": 8}, True),
+    ({"device": torch.device("cpu")}, True),
+    ({"device": "cuda"}, False),
+    ({"device": torch.device("cuda", 0)}, False),
+    ({"name": "cpu_heavy"}, False),  # a value that merely mentions the CPU
+    ({}, False),
+])
+def test_cpu_parametrized_reads_the_tests_parameters(params: dict[str, Any],
+                                                     expected: bool) -> None:
+    item = types.SimpleNamespace(callspec=types.SimpleNamespace(params=params))
+    assert plugin.cpu_parametrized(item) is expected  # type: ignore[arg-type]
+    assert plugin.cpu_parametrized(types.SimpleNamespace()) is False  # type: ignore[arg-type]
 
 
 def test_run_facts_are_json_round_trippable() -> None:

@@ -207,6 +207,8 @@ def read_device(index: int, own_pids: set[int] | None = None, nvml: Nvml | None 
     _set(facts, "power_draw", nvml.call("nvmlDeviceGetPowerUsage", handle), lambda v: v / 1000)
     _set(facts, "power_limit", nvml.call("nvmlDeviceGetEnforcedPowerLimit", handle),
          lambda v: v / 1000)
+    _set(facts, "power_limit_default",
+         nvml.call("nvmlDeviceGetPowerManagementDefaultLimit", handle), lambda v: v / 1000)
     _set(facts, "utilization_gpu", nvml.call("nvmlDeviceGetUtilizationRates", handle),
          lambda v: float(v.gpu))
     _set(facts, "sm_clock", nvml.call("nvmlDeviceGetClockInfo", handle, 1), float)
@@ -408,6 +410,21 @@ def read_device_count(nvml: Nvml | None = None) -> Reading:
 def read_name(index: int, nvml: Nvml | None = None) -> Reading:
     """The product name of GPU ``index`` (a ``str``)."""
     return _converted(_device_call(nvml or shared(), index, "nvmlDeviceGetName"), _decode)
+
+
+def read_power_limits(index: int, nvml: Nvml | None = None) -> tuple[Reading, Reading]:
+    """The enforced and the default power limit of GPU ``index``, in watts.
+
+    A software power cap is a fault only below the default limit: at the default, a fully
+    loaded GPU running at its limit is GPU Boost doing its job."""
+    nvml = nvml or shared()
+    return (_converted(_device_call(nvml, index, "nvmlDeviceGetEnforcedPowerLimit"), _watts),
+            _converted(_device_call(nvml, index, "nvmlDeviceGetPowerManagementDefaultLimit"),
+                       _watts))
+
+
+def _watts(milliwatts: Any) -> float:
+    return float(milliwatts) / 1000
 
 
 def read_compute_capability(index: int, nvml: Nvml | None = None) -> Reading:

@@ -12,9 +12,31 @@ MEMORY_STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
 
 
 def memory_stats(torch: Any, index: int) -> dict[str, Any]:
-    """The caching allocator's counters that the memory facts use (0 where torch has none)."""
+    """The caching allocator's counters that the memory facts use (0 where torch has none),
+    and the pinned host allocator's (``pinned_host.*``, where torch has them)."""
     stats = torch.cuda.memory_stats(index)
-    return {key: int(stats.get(key, 0)) for key in MEMORY_STATS_KEYS}
+    readings = {key: int(stats.get(key, 0)) for key in MEMORY_STATS_KEYS}
+    readings.update(pinned_host_stats(torch))
+    return readings
+
+
+def pinned_host_stats(torch: Any) -> dict[str, int]:
+    """Bytes of pinned host memory torch's caching host allocator holds (in use and cached)
+    now and at its peak: ``pinned_host.current`` / ``pinned_host.peak``; empty where torch has
+    no ``host_memory_stats`` (before 2.7) or it cannot answer (CUDA not initialised).
+
+    torch 2.7-2.9 count the pool as ``reserved_bytes`` (``allocated_bytes``: blocks in use);
+    from 2.10 ``allocated_bytes`` is the pool and ``reserved_bytes`` is gone."""
+    read = getattr(getattr(torch.cuda, "memory", None), "host_memory_stats", None)
+    if read is None:
+        return {}
+    try:
+        stats = read()
+        pool = "reserved_bytes" if "reserved_bytes.current" in stats else "allocated_bytes"
+        return {"pinned_host.current": int(stats[f"{pool}.current"]),
+                "pinned_host.peak": int(stats[f"{pool}.peak"])}
+    except Exception:
+        return {}
 
 
 def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
@@ -34,6 +56,15 @@ def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
     def read() -> int:
         return int(torch.cuda.memory_allocated(index))
     return read
+
+
+def allocator_backend(torch: Any) -> str | None:
+    """``native`` or ``cudaMallocAsync`` (PYTORCH_CUDA_ALLOC_CONF=backend:...), None when torch
+    cannot say. Read once, at the first CUDA step: the backend is fixed when CUDA starts."""
+    try:
+        return str(torch.cuda.get_allocator_backend())
+    except Exception:
+        return None
 
 
 def device_budget(torch: Any, index: int) -> dict[str, Any]:
@@ -74,3 +105,15 @@ def read_backend_flags(torch: Any) -> dict[str, Any]:
     except Exception:
         pass
     return flags
+
+
+DEVICE_CALL_KEYS = ("num_device_alloc", "num_device_free")
+
+
+def device_calls(torch: Any, index: int) -> dict[str, int] | None:
+    """The caching allocator's cudaMalloc / cudaFree call counters (None where this torch or
+    allocator backend has none, e.g. cudaMallocAsync)."""
+    stats = torch.cuda.memory_stats(index)
+    if not all(key in stats for key in DEVICE_CALL_KEYS):
+        return None
+    return {key: int(stats[key]) for key in DEVICE_CALL_KEYS}

@@ -1,7 +1,8 @@
 """GPU failures: classify the exception, read what can still be read, never touch a dead context.
 
-Classification works on the exception's type name and text alone, so a recorded failure (or a
-synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the same way anywhere. After
+Classification (``failure_kinds.py``) works on the exception's type name and text alone, so a
+recorded failure (or a synthetic ``RuntimeError("CUDA out of memory ...")``) is classified the
+same way anywhere; this module adds what the traceback, the allocator and NVML tell. After
 a *sticky* error (illegal memory access, device-side assert, launch failure, any unrecognised
 CUDA error) the CUDA context is unusable and every further CUDA call fails or hangs: nothing is
 asked of CUDA then; NVML (a separate library) may still be read.
@@ -14,95 +15,40 @@ import re
 from types import TracebackType
 from typing import Any
 
+from pytest_gputrain.probe.failure_kinds import (
+    MEMORY_KINDS,
+    NO_CUDA_CALLS,
+    STICKY,
+    chain_text,
+    classify,
+    classify_exception,
+    compile_stage,
+    cuda_unavailable_cause,
+    driver_problem,
+    failing_exception,
+    in_loader_worker,
+    library_status,
+    loader_crash,
+    nccl_error,
+    nondeterministic_operation,
+    parse_devices,
+    parse_dtypes,
+    type_name,
+)
 from pytest_gputrain.probe.memory_peaks import own_peaks
 from pytest_gputrain.probe.oom_message import parse_oom as parse_oom  # re-exported
 from pytest_gputrain.run_facts import FailureFacts, FailureKind
 
-# (kind, patterns); the first kind with a matching pattern wins, so the order matters.
-_PATTERNS: tuple[tuple[FailureKind, tuple[str, ...]], ...] = (
-    ("oom", ("cuda out of memory", "outofmemoryerror", "cublas_status_alloc_failed",
-             "cudaerrormemoryallocation", "cuda error: out of memory",
-             "cudnn_status_alloc_failed", "hip out of memory")),
-    ("device_mismatch", ("expected all tensors to be on the same device",
-                         "should be the same or input should be a mkldnn tensor",
-                         "but expected it to be on gpu", "expected object of device type",
-                         "to be on the same device", "is on cpu, different from other tensors",
-                         "different from other tensors on cuda",
-                         "indices should be either on cpu or on the same device")),
-    ("no_kernel_image", ("no kernel image is available", "cudaerrornokernelimagefordevice",
-                         "invalid device function")),
-    ("driver_too_old", ("driver on your system is too old",
-                        "cuda driver version is insufficient", "cudaerrorinsufficientdriver",
-                        "driver version is insufficient")),
-    ("device_side_assert", ("device-side assert triggered", "cudaerrorassert",
-                            "device-side assertion")),
-    ("illegal_memory_access", ("illegal memory access", "cudaerrorillegaladdress",
-                               "misaligned address", "illegal instruction",
-                               "cudaerrormisalignedaddress")),
-    ("launch_failure", ("unspecified launch failure", "cudaerrorlaunchfailure",
-                        "the launch timed out", "launch timeout", "uncorrectable ecc error",
-                        "gpu has fallen off the bus")),
-    ("nccl", ("nccl", "processgroupnccl", "distbackenderror",
-              "watchdog caught collective operation timeout")),
-    ("cudnn", ("cudnn_status", "cudnn error")),
-    ("cublas", ("cublas_status", "cublas error")),
-    ("cuda_other", ("cuda error", "cuda driver error", "cudaerror", "cuda kernel errors",
-                    "cuda runtime error")),
-)
-
-# After these the context is dead: no CUDA call may be made (it would fail or hang).
-STICKY: frozenset[str] = frozenset(
-    {"illegal_memory_access", "device_side_assert", "launch_failure", "cuda_other", "nccl"})
+# The classifier lives in failure_kinds.py; its names stay importable from here.
+__all__ = [
+    "MEMORY_KINDS", "NO_CUDA_CALLS", "STICKY", "allocator_state", "build_failure", "classify",
+    "classify_exception", "expandable_segments", "memory_fraction", "nccl_error",
+    "nvml_capability", "other_process_memory", "parse_devices", "parse_oom", "snapshot",
+    "traceback_module",
+]
 
 
 
-def classify(exc_type: str, message: str) -> FailureKind:
-    """The kind of GPU failure an exception is ('not_gpu' when it is none)."""
-    text = f"{exc_type}: {message}".lower()
-    if exc_type.rsplit(".", 1)[-1] in ("RankFailure", "RankTimeout"):
-        return "not_gpu"  # the distributed launcher's own diagnosis (GT308) has the rank detail
-    if exc_type.rsplit(".", 1)[-1] == "OutOfMemoryError" and "cuda" in text:
-        return "oom"
-    for kind, patterns in _PATTERNS:
-        if any(pattern in text for pattern in patterns):
-            if kind == "nccl" and not _looks_nccl(text):
-                continue
-            return kind
-    return "not_gpu"
-
-
-def _looks_nccl(text: str) -> bool:
-    # NCCL as a word or an NCCL error name, not "nccl" inside a file name.
-    return re.search(r"\bnccl\b|nccl(?:unhandled|system|internal|invalid|remote)"
-                     r"|processgroupnccl|distbackenderror|watchdog caught collective",
-                     text) is not None
-
-
-def parse_devices(message: str) -> list[str]:
-    """Devices an error message names, in order (cuda:0, cpu; torch.cuda.FloatTensor -> cuda)."""
-    devices: list[str] = []
-    for match in re.finditer(
-            r"\b(cuda:\d+|cuda|cpu|mps|meta|xpu:\d+|xpu)\b|torch\.(cuda\.)?\w*Tensor",
-            message, re.IGNORECASE):
-        device = match.group(1).lower() if match.group(1) else (
-            "cuda" if match.group(2) else "cpu")
-        if device not in devices:
-            devices.append(device)
-    return devices
-
-
-def nccl_error(message: str) -> str | None:
-    text = message.lower()
-    for needle, label in (("unhandled cuda error", "unhandled cuda error"),
-                          ("unhandledcudaerror", "unhandled cuda error"),
-                          ("system error", "system error"), ("systemerror", "system error"),
-                          ("internal error", "internal error"), ("internalerror", "internal error"),
-                          ("invalid usage", "invalid usage"), ("invalidusage", "invalid usage"),
-                          ("remote error", "remote error"), ("remoteerror", "remote error"),
-                          ("timeout", "timeout"), ("timed out", "timeout")):
-        if needle in text:
-            return label
-    return None
 
 
 def _devices_of(tensors: list[Any]) -> list[str]:
@@ -232,11 +178,13 @@ def build_failure(nodeid: str, when: str, exc: BaseException, tb: TracebackType 
     ``state`` is the allocator state taken right after the failure (``snapshot``); the rest
     comes from the message, the traceback, the probe's records and NVML.
     """
-    exc_type = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    message = str(exc)
-    kind = classify(exc_type, message)
+    kind, source = failing_exception(exc)
     if kind == "not_gpu":
         return None
+    if source is not exc:  # a GPU error wrapped in another exception: describe the GPU error
+        tb = source.__traceback__
+    exc_type = type_name(source)
+    message = str(source)
     facts = FailureFacts(nodeid=nodeid, when=when, exc_type=exc_type, message=message[:2000],
                          kind=kind, sticky=kind in STICKY)
     facts.launch_blocking = _env_flag("CUDA_LAUNCH_BLOCKING")
@@ -254,6 +202,7 @@ def build_failure(nodeid: str, when: str, exc: BaseException, tb: TracebackType 
         _fill_mismatch(facts, tb, probe, torch)
     if kind == "no_kernel_image":
         _fill_arch(facts, probe, torch)
+    _fill_details(facts, chain_text(source), tb, probe, torch, state or {})
     if facts.sticky:
         facts.unknown["allocated"] = f"the CUDA context is unusable after a {kind} error"
     return facts
@@ -424,6 +373,43 @@ def _fill_mismatch(facts: FailureFacts, tb: TracebackType | None, probe: Any,
         setattr(facts, key, value)
 
 
+def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, probe: Any,
+                  torch: Any, state: dict[str, Any]) -> None:
+    """What the message (and its causes') names for the kinds with their own rule (GT204,
+    GT210-GT219)."""
+    kind = facts.kind
+    if kind == "driver_too_old":
+        facts.driver_problem = driver_problem(message)
+    elif kind == "nondeterministic_op":
+        facts.operation = nondeterministic_operation(message)
+        facts.cublas_workspace_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    elif kind == "loader_worker":
+        facts.loader_cause, facts.signal = loader_crash(message)
+    elif kind == "compile":
+        facts.compile_stage = compile_stage(facts.exc_type, message)
+    elif kind == "numpy_on_cuda":
+        facts.devices = parse_devices(message)
+    elif kind == "cuda_unavailable":
+        build = getattr(getattr(torch, "version", None), "cuda", None) if torch else None
+        facts.cuda_unavailable_cause = cuda_unavailable_cause(
+            message, os.environ.get("CUDA_VISIBLE_DEVICES"), build)
+    elif kind == "dtype_mismatch":
+        facts.dtypes = parse_dtypes(message)
+        _fill_mismatch(facts, tb, probe, torch)  # the module, and whether it ran on CUDA
+        devices = facts.module_param_devices + facts.module_input_devices
+        facts.cuda_involved = "cuda" in message.lower() or any(
+            device.startswith("cuda") for device in devices)
+    if kind in ("cuda_fork", "loader_worker"):
+        facts.in_loader_worker = in_loader_worker(message)
+    if kind in ("cudnn", "cublas", "cuda_other", "cudnn_no_algorithm", "library_init"):
+        facts.status = library_status(message)
+    if kind in MEMORY_KINDS and kind != "oom":
+        for key in ("allocated", "reserved", "peak_reserved", "free", "total",
+                    "other_processes"):
+            if state.get(key) is not None:
+                setattr(facts, key, state[key])
+
+
 def _fill_arch(facts: FailureFacts, probe: Any, torch: Any) -> None:
     # "no kernel image" is not sticky: the context still answers.
     index = facts.device_index or 0
@@ -456,8 +442,9 @@ def nvml_capability(cuda_index: int) -> str | None:
 
 
 def snapshot(torch: Any, kind: FailureKind, index: int | None) -> dict[str, Any]:
-    """Allocator state right after a failure; empty unless it is an OOM (safe to read)."""
-    if kind != "oom" or torch is None:
+    """Allocator state right after a failure; empty unless the failure is about memory (an OOM,
+    or a cuDNN / cuBLAS error that often is one) and the state is safe to read."""
+    if kind not in MEMORY_KINDS or torch is None:
         return {}
     try:
         if not torch.cuda.is_initialized():

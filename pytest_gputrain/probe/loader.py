@@ -18,6 +18,7 @@ from typing import Any
 
 _perf = time.perf_counter
 INSPECTED_BATCHES = 2
+SMALL_TENSOR_BYTES = 64 * 1024  # host-to-device copies below this are "small" (GT129)
 
 
 @dataclass
@@ -38,6 +39,7 @@ class LoaderState:
     later_first_batch_wait: float = 0.0
     batch_pinned: bool | None = None
     batch_device: str | None = None
+    batch_small_tensors: int | None = None  # host tensors under 64 KiB in one batch
 
 
 @dataclass
@@ -54,8 +56,14 @@ class LoaderTracker:
     iterators: weakref.WeakKeyDictionary[Any, IteratorState] = field(
         default_factory=weakref.WeakKeyDictionary)
     cuda_initialized: Callable[[], bool] = lambda: False
+    # The iterator of the last batch (weakly) and its state: the next batch is nearly always
+    # from the same iterator, and this spares the weak dictionary's lookup per batch.
+    _last: tuple[Callable[[], Any], IteratorState] | None = None
 
     def state_for(self, iterator: Any) -> IteratorState:
+        last = self._last
+        if last is not None and last[0]() is iterator:
+            return last[1]
         state = self.iterators.get(iterator)
         if state is None:
             settings = read_settings(iterator)
@@ -69,6 +77,8 @@ class LoaderTracker:
             # An iterator that cannot be weakly referenced is counted, not tracked.
             with contextlib.suppress(TypeError):
                 self.iterators[iterator] = state
+        with contextlib.suppress(TypeError):
+            self._last = (weakref.ref(iterator), state)
         return state
 
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> bool:
@@ -104,6 +114,8 @@ class LoaderTracker:
             loader.batch_pinned = False
         if loader.batch_size is None and tensor.dim() > 0:
             loader.batch_size = int(tensor.shape[0])
+        small = small_host_tensors(batch)
+        loader.batch_small_tensors = max(small, loader.batch_small_tensors or 0)
 
 
 def read_settings(iterator: Any) -> dict[str, Any]:
@@ -144,6 +156,30 @@ def first_tensor(value: Any, depth: int = 0) -> Any:
         if found is not None:
             return found
     return None
+
+
+def small_host_tensors(value: Any, depth: int = 0) -> int:
+    """Tensors on the CPU under 64 KiB in a batch (labels, lengths, masks of a small batch):
+    each is one small host-to-device copy when the step moves the batch to the GPU."""
+    if hasattr(value, "is_pinned") and hasattr(value, "device"):
+        try:
+            small = value.device.type == "cpu" and \
+                value.numel() * value.element_size() < SMALL_TENSOR_BYTES
+        except Exception:
+            return 0
+        return int(small)
+    if depth >= 3:
+        return 0
+    if isinstance(value, dict) or (hasattr(value, "values") and hasattr(value, "keys")):
+        try:
+            items = list(value.values())
+        except Exception:
+            return 0
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        return 0
+    return sum(small_host_tensors(item, depth + 1) for item in items[:16])
 
 
 def wrap_next(original: Callable[[Any], Any], probe: Any) -> Callable[[Any], Any]:

@@ -164,6 +164,7 @@ class ProbePlugin:
 
         probe = RunProbe(torch, item.nodeid, profile_steps=self.settings.profile_steps,
                          reset_peak=item.get_closest_marker("max_vram") is None)
+        probe.record.cpu_parametrized = cpu_parametrized(item)
         probe.start()
         return probe
 
@@ -178,15 +179,14 @@ class ProbePlugin:
         if probe is None:
             return
         try:
-            from pytest_gputrain.probe.failures import STICKY, classify, snapshot
+            from pytest_gputrain.probe.failures import NO_CUDA_CALLS, classify_exception, snapshot
 
             state: dict[str, Any] = {}
             cuda_ok = True
             excinfo = outcome.excinfo
             if excinfo is not None:
-                error = excinfo[1]
-                kind = classify(_type_name(error), str(error))
-                cuda_ok = kind not in STICKY
+                kind = classify_exception(excinfo[1])
+                cuda_ok = kind not in NO_CUDA_CALLS
                 state = snapshot(probe.torch, kind, probe.cuda_index)
             probe.stop(cuda_ok=cuda_ok)
             item.stash[PROBE_KEY] = probe
@@ -209,14 +209,14 @@ class ProbePlugin:
         run: RunFacts | None = None
         failure: FailureFacts | None = None
         if call.excinfo is not None and report.failed:
-            from pytest_gputrain.probe.failures import build_failure, classify, snapshot
+            from pytest_gputrain.probe.failures import build_failure, classify_exception, snapshot
 
             exc, tb = call.excinfo.value, call.excinfo.tb
             torch = sys.modules.get("torch")
             if call.when == "call":
                 state = item.stash.get(STATE_KEY, {})
             else:
-                state = snapshot(torch, classify(_type_name(exc), str(exc)), None)
+                state = snapshot(torch, classify_exception(exc), None)
             failure = build_failure(item.nodeid, call.when, exc, tb, probe, torch, state)
         if probe is not None and probe.trained():
             run = probe.facts()
@@ -239,5 +239,18 @@ class ProbePlugin:
             report.sections.append((SECTION, section_text(sort_findings(findings))))
 
 
-def _type_name(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+def cpu_parametrized(item: pytest.Item) -> bool:
+    """The test's parameters (``parametrize`` or fixture params) include a CPU device: the
+    string ``"cpu"`` (or ``"cpu:0"``) or a ``torch.device("cpu")``. Such a test runs on the
+    CPU on purpose, whatever GPU the machine has."""
+    callspec = getattr(item, "callspec", None)
+    params = getattr(callspec, "params", None) or {}
+    return any(_is_cpu_device(value) for value in params.values())
+
+
+def _is_cpu_device(value: Any) -> bool:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        return text == "cpu" or text.startswith("cpu:")
+    return type(value).__name__ == "device" and getattr(value, "type", None) == "cpu"
+

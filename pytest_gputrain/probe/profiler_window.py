@@ -10,7 +10,18 @@ records GPU activity (kernels, copies) and the CUDA runtime calls that launched 
   launched only after the GPU had gone idle);
 - host-to-device copies from pageable vs pinned memory (Nsight Systems' pageable-memcpy rule);
 - matmul/convolution kernels and whether they run on tensor cores (kernel names);
-- ``cuda*Synchronize`` calls per step.
+- ``cuda*Synchronize`` calls per step, and the host time spent waiting in them (plus
+  device-to-host copies, which wait the same way);
+- kernel time per step (so that busy time can be judged against the step time measured outside
+  the window: the profiler's callbacks slow every launch) and CUDA graph launches per step.
+- small host-to-device copies (tensors built on the host every step) and the host time of their
+  runtime calls, with the synchronisation a blocking copy makes right after (``small_copies``).
+- host-side work that starves the GPU: idle GPU time during which no thread made a CUDA call
+  for a while (Python, CPU preprocessing, I/O in the loop);
+- elementwise/reduction and Triton kernels' share of kernel time (eager pointwise ops that a
+  compiler would fuse);
+- NCCL kernels: communication time, and how much of it no computation overlapped;
+- pinned host-to-device copies that the host waited for (``non_blocking=False``).
 
 ``analyse`` is a pure function over plain event records, so it is tested on CPU machines.
 """
@@ -48,9 +59,33 @@ TENSOR_CORE_PATTERN = re.compile(
 NOT_TENSOR_CORE_PATTERN = re.compile(r"sgemm|simt|ffma|nvjet_sm\d+_sss", re.IGNORECASE)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
               "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize")
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset",
                    "cuMemcpy", "cuMemset")
 _BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
+_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
+SMALL_COPY_BYTES = 64 * 1024  # Nsight Systems' boundary for small memory transfers
+SYNC_AFTER_COPY_NS = 100_000  # a blocking copy's own stream sync follows it at once
+
+# Eager elementwise and reduction kernels of ATen (at::native::vectorized_elementwise_kernel,
+# unrolled_elementwise_kernel, elementwise_kernel, index_elementwise_kernel, reduce_kernel), as
+# named since torch 1.x; fused library kernels (layer norm, softmax, foreach optimizer steps) are
+# not matched: they are fused already.
+ELEMENTWISE_PATTERN = re.compile(r"elementwise_kernel|reduce_kernel", re.IGNORECASE)
+# TorchInductor's generated kernels: triton_poi_/triton_red_/triton_per_/triton_tem_fused_...
+# (older releases: triton__0d1d2d...).
+TRITON_PATTERN = re.compile(r"^(void )?triton_", re.IGNORECASE)
+# NCCL collectives: ncclKernel_AllReduce_RING_LL_Sum_float (NCCL < 2.19),
+# ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19 and later).
+COMM_PATTERN = re.compile(r"nccl", re.IGNORECASE)
+STREAM_SYNC_CALLS = ("cudaStreamSynchronize", "cuStreamSynchronize")
+MEMCPY_CALL_PREFIXES = ("cudaMemcpy", "cuMemcpy")
+# A host-side gap shorter than this is the ordinary Python and dispatcher time between two
+# launches (a few to a few tens of µs per op in eager mode); longer gaps are other work.
+SILENT_GAP_NS = 200_000
+# torch's non_blocking=False copy is cudaMemcpyAsync followed at once by
+# cudaStreamSynchronize (at::cuda::memcpy_and_sync).
+BLOCKING_COPY_GAP_NS = 100_000
 
 
 @dataclass(frozen=True)
@@ -80,6 +115,7 @@ class RuntimeEvent:
     start_ns: int
     end_ns: int
     correlation: int = 0
+    thread: int = 0  # host thread id; 0 when the profiler did not say
 
 
 def is_gemm(name: str) -> bool:
@@ -104,6 +140,49 @@ def _union_ns(intervals: Iterable[tuple[int, int]]) -> int:
             end = finish
     if end is not None and start is not None:
         total += end - start
+    return total
+
+
+def _merged(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, non-overlapping intervals covering the same time."""
+    merged: list[tuple[int, int]] = []
+    for begin, finish in sorted(intervals):
+        if merged and begin <= merged[-1][1]:
+            if finish > merged[-1][1]:
+                merged[-1] = (merged[-1][0], finish)
+        else:
+            merged.append((begin, finish))
+    return merged
+
+
+def _gaps(merged: Sequence[tuple[int, int]], start: int, end: int,
+          min_ns: int = 0) -> list[tuple[int, int]]:
+    """The parts of [start, end] that ``merged`` does not cover, at least ``min_ns`` long."""
+    gaps: list[tuple[int, int]] = []
+    cursor = start
+    for begin, finish in merged:
+        if begin > cursor and begin - cursor >= min_ns:
+            gaps.append((cursor, min(begin, end)))
+        cursor = max(cursor, finish)
+        if cursor >= end:
+            break
+    if end > cursor and end - cursor >= min_ns:
+        gaps.append((cursor, end))
+    return gaps
+
+
+def _overlap_ns(a: Sequence[tuple[int, int]], b: Sequence[tuple[int, int]]) -> int:
+    """Time covered by both of two merged interval lists."""
+    total = i = j = 0
+    while i < len(a) and j < len(b):
+        low = max(a[i][0], b[j][0])
+        high = min(a[i][1], b[j][1])
+        if high > low:
+            total += high - low
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
     return total
 
 
@@ -134,6 +213,27 @@ def _host_wait_ns(kernels: Sequence[GpuEvent], launches: dict[int, RuntimeEvent]
     return idle, host
 
 
+def api_name(name: str) -> str:
+    """A runtime call's name without CUPTI's version suffix."""
+    return _VERSION_SUFFIX.sub("", name)
+
+
+def _sync_wait_ns(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], own_syncs: int
+                  ) -> int:
+    """Host time inside synchronize calls and device-to-host copy calls (they return only when
+    the GPU has caught up). The window's own closing ``cudaDeviceSynchronize`` is left out."""
+    to_host = {e.correlation for e in gpu
+               if e.kind == "memcpy" and "DtoH" in e.name and e.correlation}
+    waits = [e for e in runtime if api_name(e.name) in SYNC_CALLS]
+    if own_syncs and waits:
+        device_syncs = [e for e in waits if api_name(e.name) == "cudaDeviceSynchronize"]
+        if device_syncs:
+            waits.remove(max(device_syncs, key=lambda e: e.start_ns))
+    copies = [e for e in runtime if e.correlation in to_host
+              and api_name(e.name).startswith(("cudaMemcpy", "cuMemcpy"))]
+    return _union_ns((e.start_ns, e.end_ns) for e in [*waits, *copies])
+
+
 def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: float, steps: int,
             own_syncs: int = 0) -> dict[str, Any]:
     """ProfileFacts fields from a window's events (``wall`` seconds, ``steps`` steps)."""
@@ -150,8 +250,9 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
     all_kernel_ns = sum(durations)
     pageable = [e for e in copies if "HtoD" in e.name and "Pageable" in e.name]
     pinned = [e for e in copies if "HtoD" in e.name and "Pinned" in e.name]
-    syncs = sum(1 for e in runtime if e.name in SYNC_CALLS)
+    syncs = sum(1 for e in runtime if api_name(e.name) in SYNC_CALLS)
     syncs = max(0, syncs - own_syncs)
+    graph_launches = sum(1 for e in runtime if api_name(e.name) in GRAPH_LAUNCH_CALLS)
     launches = {e.correlation: e for e in runtime
                 if e.correlation and e.name.startswith(LAUNCH_PREFIXES)}
     waits = _host_wait_ns(kernels, launches)
@@ -163,6 +264,7 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
         "wall": wall,
         "step_time": wall / steps,
         "kernel_time": kernel_ns / 1e9,
+        "kernel_time_per_step": kernel_ns / 1e9 / steps,
         "busy_percent": round(min(100.0, 100.0 * kernel_ns / wall_ns), 2),
         "kernels": len(kernels),
         "kernels_per_step": round(len(kernels) / steps, 2),
@@ -181,10 +283,142 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
             100.0 * sum(e.duration_ns for e in pageable) / wall_ns, 2),
         "h2d_pinned_copies": len(pinned),
         "syncs_per_step": round(syncs / steps, 2),
+        "sync_wait_percent": round(
+            min(100.0, 100.0 * _sync_wait_ns(gpu, runtime, own_syncs) / wall_ns), 2),
+        "graph_launches_per_step": round(graph_launches / steps, 2),
         "host_wait_percent": round(100.0 * waits[1] / waits[0], 2) if waits and waits[0] else None,
         "top_kernels": [f"{name[:120]} ({ns / 1e6:.2f} ms)" for name, ns in top],
     }
+    facts.update(small_copies(copies, runtime, wall_ns, steps))
+    facts.update(kernel_families(kernels))
+    facts.update(communication(kernels, wall_ns))
+    facts.update(host_silence(gpu, runtime, wall_ns, steps))
+    facts.update(blocking_pinned_copies(copies, runtime, steps))
     return facts
+
+
+def small_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall_ns: int,
+                 steps: int) -> dict[str, Any]:
+    """Host-to-device copies under 64 KiB: how many per step, and the host time of the runtime
+    calls that made them plus the stream synchronisation each blocking copy makes right after
+    (``Tensor.cuda()`` / ``.to("cuda")`` of a host tensor: ``cudaMemcpyAsync`` then
+    ``cudaStreamSynchronize``). Empty (facts unknown) when no copy carries its size."""
+    h2d = [e for e in copies if "HtoD" in e.name]
+    if h2d and not any(e.nbytes for e in h2d):
+        return {}
+    small = [e for e in h2d if 0 < e.nbytes < SMALL_COPY_BYTES]
+    ordered = sorted(runtime, key=lambda e: e.start_ns)
+    position = {id(event): i for i, event in enumerate(ordered)}
+    calls = {e.correlation: e for e in ordered
+             if e.correlation and e.name.startswith(("cudaMemcpy", "cuMemcpy"))}
+    host_ns = syncs = 0
+    for copy in small:
+        call = calls.get(copy.correlation)
+        if call is None:
+            continue
+        host_ns += call.end_ns - call.start_ns
+        index = position[id(call)]
+        for after in ordered[index + 1:index + 4]:
+            if after.start_ns - call.end_ns > SYNC_AFTER_COPY_NS:
+                break
+            if after.name in SYNC_CALLS:
+                host_ns += after.end_ns - after.start_ns
+                syncs += 1
+                break
+    return {
+        "h2d_small_copies_per_step": round(len(small) / steps, 2),
+        "h2d_small_host_percent": round(100.0 * host_ns / wall_ns, 2),
+        "h2d_small_syncs_per_step": round(syncs / steps, 2),
+    }
+
+
+def kernel_families(kernels: Sequence[GpuEvent]) -> dict[str, Any]:
+    """Eager elementwise/reduction kernels' and Triton kernels' shares of kernel time (GT128)."""
+    total = sum(e.duration_ns for e in kernels)
+    if not total:
+        return {"elementwise_percent": None, "triton_percent": None}
+    elementwise = sum(e.duration_ns for e in kernels if ELEMENTWISE_PATTERN.search(e.name))
+    triton = sum(e.duration_ns for e in kernels if TRITON_PATTERN.search(e.name))
+    return {"elementwise_percent": round(100.0 * elementwise / total, 2),
+            "triton_percent": round(100.0 * triton / total, 2)}
+
+
+def communication(kernels: Sequence[GpuEvent], wall_ns: int) -> dict[str, Any]:
+    """NCCL kernel time, and how much of it no other kernel overlapped (GT311).
+
+    HolisticTraceAnalysis's communication/computation overlap: computation while communicating
+    / communication time. Exposed communication is NCCL time with no computation at the same
+    moment: the step waits for it."""
+    comm = _merged((e.start_ns, e.end_ns) for e in kernels if COMM_PATTERN.search(e.name))
+    if not comm:
+        return {"comm_percent": 0.0, "comm_exposed_percent": 0.0,
+                "comm_overlap_percent": None}
+    compute = _merged((e.start_ns, e.end_ns) for e in kernels
+                      if not COMM_PATTERN.search(e.name))
+    comm_ns = sum(finish - begin for begin, finish in comm)
+    overlap = _overlap_ns(comm, compute)
+    return {"comm_percent": round(min(100.0, 100.0 * comm_ns / wall_ns), 2),
+            "comm_exposed_percent": round(min(100.0, 100.0 * (comm_ns - overlap) / wall_ns), 2),
+            "comm_overlap_percent": round(100.0 * overlap / comm_ns, 2) if comm_ns else None}
+
+
+def host_silence(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall_ns: int,
+                 steps: int) -> dict[str, Any]:
+    """GPU idle time during which no host thread made a CUDA runtime call for at least
+    SILENT_GAP_NS (GT117).
+
+    While the host launches kernels, copies or waits in a synchronize, it is in a runtime call
+    at least every few tens of µs; a longer silence is work outside CUDA (Python loops, CPU
+    preprocessing, metrics, I/O, waiting for the DataLoader). Only the part that leaves the
+    GPU without work counts: a silence while queued kernels run costs nothing."""
+    if not runtime or not gpu:
+        return {"host_silent_percent": None, "host_silent_per_step": None}
+    start = min(min(e.start_ns for e in gpu), min(e.start_ns for e in runtime))
+    end = max(max(e.end_ns for e in gpu), max(e.end_ns for e in runtime))
+    busy = _merged((e.start_ns, e.end_ns) for e in gpu)
+    idle = _gaps(busy, start, end)
+    host = _merged((e.start_ns, e.end_ns) for e in runtime)
+    silent = _gaps(host, start, end, SILENT_GAP_NS)
+    starved_ns = _overlap_ns(idle, silent)
+    return {"host_silent_percent": round(min(100.0, 100.0 * starved_ns / wall_ns), 2),
+            "host_silent_per_step": round(starved_ns / 1e9 / steps, 6)}
+
+
+def blocking_pinned_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent],
+                           steps: int) -> dict[str, Any]:
+    """Pinned host-to-device copies the host waited for (GT130): the copy's runtime call is
+    followed on the same thread by a stream synchronize within BLOCKING_COPY_GAP_NS, which is
+    what ``tensor.to("cuda")`` without ``non_blocking=True`` does."""
+    pinned = [e for e in copies if "HtoD" in e.name and "Pinned" in e.name and e.correlation]
+    if not pinned or not runtime:
+        return {"h2d_pinned_blocking_per_step": None if pinned else 0.0}
+    by_thread: dict[int, list[RuntimeEvent]] = {}
+    for event in sorted(runtime, key=lambda e: e.start_ns):
+        by_thread.setdefault(event.thread, []).append(event)
+    position: dict[int, tuple[int, int]] = {}
+    for thread, events in by_thread.items():
+        for index, event in enumerate(events):
+            if event.correlation and event.name.startswith(MEMCPY_CALL_PREFIXES):
+                position[event.correlation] = (thread, index)
+    blocking = matched = 0
+    for copy in pinned:
+        found = position.get(copy.correlation)
+        if found is None:
+            continue
+        matched += 1
+        events = by_thread[found[0]]
+        call = events[found[1]]
+        for following in events[found[1] + 1:]:
+            if following.start_ns - call.end_ns > BLOCKING_COPY_GAP_NS:
+                break
+            if following.name in STREAM_SYNC_CALLS:
+                blocking += 1
+                break
+            if following.name.startswith(LAUNCH_PREFIXES):
+                break  # the host went on to other work: the copy did not block it
+    if not matched:
+        return {"h2d_pinned_blocking_per_step": None}
+    return {"h2d_pinned_blocking_per_step": round(blocking / steps, 2)}
 
 
 def _event_bytes(event: Any) -> int:
@@ -201,6 +435,13 @@ def _event_bytes(event: Any) -> int:
         return 0
 
 
+def _thread(event: Any) -> int:
+    try:
+        return int(event.start_thread_id())
+    except Exception:  # older kineto bindings: one thread as far as the analysis knows
+        return 0
+
+
 def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent]]:
     """Kineto events (``prof.profiler.kineto_results.events()``) as plain records."""
     gpu: list[GpuEvent] = []
@@ -214,7 +455,7 @@ def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent]]:
             nbytes = _event_bytes(event) if name.startswith("Memcpy") else 0
             gpu.append(GpuEvent(name, start, end, correlation, nbytes))
         elif name.startswith(("cuda", "cu")):
-            runtime.append(RuntimeEvent(name, start, end, correlation))
+            runtime.append(RuntimeEvent(name, start, end, correlation, _thread(event)))
     return gpu, runtime
 
 

@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.probe import compile_readings
 from pytest_gputrain.probe import settings as settings_reads
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
 from pytest_gputrain.probe.memory_peaks import own_peaks
@@ -26,14 +27,19 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
 )
 from pytest_gputrain.run_facts import (
+    CompileFacts,
+    DdpFacts,
     ForwardRecord,
+    LayerFacts,
     LoaderFacts,
     LoaderRecord,
     MemoryFacts,
     ModuleRecord,
     NvmlRunFacts,
+    OptimizerFacts,
     ProfileFacts,
     RunFacts,
+    StallFacts,
     SyncFacts,
 )
 
@@ -61,6 +67,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
         run.mark_unknown("cuda_available", "not readable when the test started")
     else:
         run.cuda_available = devices.cuda_available
+    run.cpu_parametrized = record.cpu_parametrized
     run.cuda_used = devices.cuda_index is not None or any(
         d.startswith("cuda") for d in forwards.input_devices)
     run.device = devices.device
@@ -105,7 +112,14 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.sync = _sync_facts(record, steady)
     run.memory = _memory_facts(record, process)
     run.profile = _profile_facts(record, steps)
+    _busy_outside_window(run)
+    run.layers = _layer_facts(forwards)
+    run.stalls = _stall_facts(record)
     run.nvml = _nvml_facts(record.nvml)
+    _habit_facts(run, record, steady)
+    run.compile = _compile_facts(record)
+    run.optimizer = _optimizer_facts(record, steady, run.step_time)
+    run.ddp = _ddp_facts(record, steady)
     run.probe_errors = list(record.errors)
     return run
 
@@ -237,6 +251,7 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         facts.prefetch_factor = main.prefetch_factor
         facts.batch_size = main.batch_size
         facts.batch_pinned = main.batch_pinned
+        facts.batch_small_tensors = main.batch_small_tensors
         facts.epochs = main.iterators
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)
@@ -264,12 +279,19 @@ def _sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
     facts.by_call = [f"{name}: {count}" for name, count in
                      sorted(by_call.items(), key=lambda item: (-item[1], item[0]))]
     facts.total = sum(by_call.values())
-    if steady:
-        counts = [record.steps.syncs[i] for i in steady]
+    stopped = record.syncs.stopped_at
+    counted = steady if stopped is None else [i for i in steady if i < stopped]
+    if stopped is not None:
+        facts.method = (f"python-wrappers until torch.compile began in step {stopped + 1} "
+                        "(taken out then: dynamo cannot trace them); the profiler window after")
+    if counted:
+        counts = [record.steps.syncs[i] for i in counted]
         facts.per_step = float(statistics.median(counts))
         facts.max_per_step = max(counts)
     else:
-        facts.mark_unknown("per_step", "no optimizer steps")
+        facts.mark_unknown("per_step", "no optimizer steps" if stopped is None else
+                           "torch.compile began before the steady steps: the profiler window "
+                           "counts the syncs (profiled_per_step)")
     profiled = record.window_facts.get("syncs_per_step")
     if profiled is not None:
         facts.profiled_per_step = profiled
@@ -286,16 +308,22 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     facts.device = f"cuda:{index}"
     readings = record.allocator
     allocated = record.steps.allocated
+    stride = max(1, record.steps.allocated_stride)
     start = readings.start.get(index, {})
     end = readings.end
     steady = readings.window or end
     facts.expandable_segments = process.expandable_segments
+    facts.allocator_backend = readings.backend
+    if readings.backend is None:
+        facts.unknown["allocator_backend"] = "not readable at the first CUDA step"
+    _pinned_host(facts, start, readings.window, end)
     facts.total = end.get("total")
     _budget(facts, record)
     facts.allocated_start = start.get("allocated_bytes.all.current")
     facts.allocated_end = allocated[-1] if allocated else end.get("allocated_bytes.all.current")
     if allocated:
-        facts.steady_allocated = int(statistics.median(allocated[record.warmup:] or allocated))
+        facts.steady_allocated = int(statistics.median(
+            allocated[_first_reading_at(record.warmup, stride):] or allocated))
     facts.reserved_end = steady.get("reserved_bytes.all.current")
     _own_peaks(facts, record)
     demand = facts.peak_memory
@@ -308,8 +336,9 @@ def _memory_facts(record: RunRecord, process: ProcessReadings) -> MemoryFacts:
     if facts.inactive_split is not None and facts.reserved_end:
         facts.inactive_split_percent = round(
             100.0 * facts.inactive_split / facts.reserved_end, 2)
-    facts.allocated_per_step = thin(allocated)
-    _growth(facts, allocated, record.warmup, demand)
+    facts.allocated_per_step = list(allocated)
+    facts.allocated_stride = stride
+    _growth(facts, allocated, stride, record.warmup, demand)
     _batch_model(facts, batch_size(record), demand)
     return facts
 
@@ -341,26 +370,60 @@ def _own_peaks(facts: MemoryFacts, record: RunRecord) -> None:
         setattr(facts, name, value)
 
 
-def _growth(facts: MemoryFacts, allocated: list[int], warmup: int, demand: int | None) -> None:
-    """Least-squares slope of the allocated bytes over the steps after warm-up."""
-    points = allocated[warmup + 1:]
-    facts.growth_steps = len(points)
+def _pinned_host(facts: MemoryFacts, start: dict[str, Any], window: dict[str, Any],
+                 end: dict[str, Any]) -> None:
+    """Pinned host memory during the test (GT138): the most of the readings at the window and
+    the end, or the allocator's peak when that peak was set during the test."""
+    readings = [r["pinned_host.current"] for r in (window, end) if "pinned_host.current" in r]
+    if not readings:
+        facts.unknown["pinned_host"] = "torch has no host_memory_stats, or CUDA was not read"
+        return
+    facts.pinned_host_start = start.get("pinned_host.current", 0)
+    most = max(readings)
+    peak = end.get("pinned_host.peak")
+    if peak is not None and peak > start.get("pinned_host.peak", 0):
+        most = max(most, peak)  # the peak rose during this test: it is this test's
+    facts.pinned_host = most
+
+
+def _first_reading_at(step: int, stride: int) -> int:
+    """The first allocator reading taken at 0-based step ``step`` or later."""
+    return -(-step // stride)
+
+
+def _growth(facts: MemoryFacts, allocated: list[int], stride: int, warmup: int,
+            demand: int | None) -> None:
+    """Least-squares slope of the allocated bytes over the steps after warm-up (readings are
+    ``stride`` steps apart)."""
+    points = allocated[_first_reading_at(warmup + 1, stride):]
+    facts.growth_steps = (len(points) - 1) * stride + 1 if points else 0
     if len(points) < 3:
-        facts.unknown["growth_per_step"] = f"{len(allocated)} step(s): too few to fit"
+        facts.unknown["growth_per_step"] = f"{len(allocated)} reading(s): too few to fit"
         return
     n = len(points)
-    mean_x = (n - 1) / 2
-    mean_y = statistics.fmean(points)
-    sxx = sum((i - mean_x) ** 2 for i in range(n))
-    sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
-    slope = sxy / sxx
+    slope = _slope(points) / stride
     facts.growth_per_step = round(slope, 1)
+    late = points[n // 2:]
+    if len(late) >= 3:
+        facts.growth_late_per_step = round(_slope(late) / stride, 1)
+    else:
+        facts.unknown["growth_late_per_step"] = f"{len(late)} reading(s) in the second half"
     facts.growth_total = points[-1] - points[0]
     rises = sum(1 for a, b in itertools.pairwise(points) if b > a)
     facts.growth_rising_percent = round(100.0 * rises / (n - 1), 2)
     if slope > 0 and facts.budget:
         used = max(demand or 0, facts.reserved_end or 0, points[-1])
         facts.steps_to_exhaust = round(max(0.0, (facts.budget - used) / slope), 1)
+
+
+def _slope(points: list[int]) -> float:
+    """Least-squares slope per reading of evenly spaced readings 0, 1, 2, ..."""
+    n = len(points)
+    mean_x = (n - 1) / 2
+    mean_y = statistics.fmean(points)
+    sxx = sum((i - mean_x) ** 2 for i in range(n))
+    sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
+    return sxy / sxx
 
 
 def _batch_model(facts: MemoryFacts, batch: int | None, demand: int | None) -> None:
@@ -396,13 +459,156 @@ def _profile_facts(record: RunRecord, steps: int) -> ProfileFacts:
         for name in ("busy_percent", "kernel_mean", "tensor_core_percent",
                      "h2d_pageable_bytes_per_step"):
             facts.unknown[name] = facts.reason or "no profiler window"
+    else:
+        _window_host_work(facts, record)
     return facts
+
+
+def _busy_outside_window(run: RunFacts) -> None:
+    """The window's kernel time per step against the step time measured outside it.
+
+    The profiler adds host time to every launch, so a launch-bound step is slower inside the
+    window than outside; kernels run about as long either way. The loader wait and the GPU
+    time of pageable copies are then taken out of the step, to tell how busy the GPU would be
+    without them and how much idle time they leave unexplained: GT105 fires beside GT102 and
+    GT103 when that rest of the step is launch-bound on its own."""
+    profile = run.profile
+    kernel, step = profile.kernel_time_per_step, run.step_time
+    if kernel is None or not step:
+        reason = (profile.reason or "no profiler window") if kernel is None else "no steady steps"
+        for name in ("busy_percent_unprofiled", "busy_percent_without_waits",
+                     "idle_without_waits_percent"):
+            profile.mark_unknown(name, reason)
+        return
+    profile.busy_percent_unprofiled = round(min(100.0, 100.0 * kernel / step), 2)
+    wait = run.loader.wait_per_step or 0.0
+    copies = (profile.h2d_pageable_percent or 0.0) / 100.0 * (profile.step_time or 0.0)
+    rest = step - wait - copies
+    if rest <= 0:
+        profile.mark_unknown("busy_percent_without_waits",
+                             "the loader wait and pageable copies fill the whole step")
+        profile.idle_without_waits_percent = 0.0
+        return
+    profile.busy_percent_without_waits = round(min(100.0, 100.0 * kernel / rest), 2)
+    profile.idle_without_waits_percent = round(100.0 * max(0.0, rest - kernel) / step, 2)
+
+
+def _window_host_work(facts: ProfileFacts, record: RunRecord) -> None:
+    """The loader's share of the profiled steps, and the host-side silence left when it is
+    taken out: time the GPU waited for host work that is neither CUDA calls nor the loader."""
+    series = record.steps
+    window_waits = [wait for wait, flag in zip(series.waits, series.flags, strict=False)
+                    if flag is StepFlag.IN_WINDOW]
+    if not facts.wall:
+        return
+    facts.loader_wait_percent = round(100.0 * sum(window_waits) / facts.wall, 2)
+    if facts.host_silent_percent is not None:
+        facts.host_work_percent = round(
+            max(0.0, facts.host_silent_percent - facts.loader_wait_percent), 2)
+
+
+def _layer_facts(forwards: Forwards) -> LayerFacts:
+    """The layers of every top-level module the test called, summed; the conv layouts of the
+    module with the most Conv2d layers."""
+    facts = LayerFacts()
+    scans = [state.layers for state in forwards.modules.values() if state.layers is not None]
+    if not scans:
+        for name in ("conv2d", "conv_bias_before_bn", "misaligned_percent"):
+            facts.mark_unknown(name, "no top-level module was called")
+        return facts
+    facts.conv2d = sum(scan.conv2d for scan in scans)
+    facts.conv_bias_before_bn = sum(scan.conv_bias_pairs for scan in scans)
+    facts.conv_bias_pairs = [name for scan in scans for name in scan.conv_bias_names][:8]
+    convnet = max(scans, key=lambda scan: scan.conv2d)
+    if convnet.conv2d:
+        facts.channels_last_weights = convnet.channels_last_weights
+        facts.channels_last_input = convnet.channels_last_input
+        if convnet.channels_last_weights is None:
+            facts.unknown["channels_last_weights"] = (
+                "every Conv2d weight has 1 input channel or a 1x1 kernel: both layouts agree")
+    facts.linear_weights = sum(scan.linear_weights for scan in scans)
+    misaligned = sorted((layer for scan in scans for layer in scan.misaligned),
+                        key=lambda layer: -layer[1])
+    facts.misaligned = [label for label, _ in misaligned[:8]]
+    if facts.linear_weights:
+        facts.misaligned_percent = round(
+            100.0 * sum(scan.misaligned_weights for scan in scans) / facts.linear_weights, 2)
+    else:
+        facts.unknown["misaligned_percent"] = "no Linear or Embedding layers"
+    return facts
+
+
+STALL_MIN_S = 0.1  # a stall is a step longer than max(STALL_MIN_S, STALL_RATIO x median step)
+STALL_RATIO = 5.0
+
+
+def _stall_facts(record: RunRecord) -> StallFacts:
+    """Steps far longer than the median step, split into those the loop explains (a later
+    epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
+    input shape under cuDNN autotuning or torch.compile) and stalls (GT118). Judged over the
+    steps after warm-up outside the profiler window."""
+    series = record.steps
+    facts = StallFacts()
+    judged = [i for i in range(record.warmup, len(series.times))
+              if series.flags[i] not in (StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW)]
+    if len(judged) < 3:
+        facts.mark_unknown("steps", f"{len(judged)} step(s) after warm-up: too few to judge")
+        return facts
+    times = [series.times[i] for i in judged]
+    median = statistics.median(times)
+    facts.threshold = round(max(STALL_MIN_S, STALL_RATIO * median), 6)
+    forwards = (_forwards_per_step(series.forwards)
+                if len(series.forwards) == len(series.times) else [])
+    usual_forwards = statistics.median(forwards[i] for i in judged) if forwards else None
+    saves = set(series.saves)
+    # Steps in which a module first met an input shape: a long one is cuDNN autotuning or a
+    # recompile (GT120, GT131), not a stall.
+    new_shapes = {step for state in record.forwards.modules.values()
+                  for step in state.new_shape_steps} if _shape_sensitive(record) else set()
+    new_shapes.update(record.compile.compile_steps)  # steps in which torch.compile compiled
+    stalls: list[int] = []
+    explained = 0
+    for i in judged:
+        if series.times[i] <= facts.threshold:
+            continue
+        if series.flags[i] is StepFlag.EPOCH_START or i in saves or i in new_shapes or (
+                usual_forwards is not None and forwards[i] > usual_forwards):
+            explained += 1
+        else:
+            stalls.append(i)
+    facts.steps = len(stalls)
+    facts.explained = explained
+    excess = sum(series.times[i] - median for i in stalls)
+    facts.time = round(excess, 6)
+    total = sum(times)
+    facts.time_percent = round(100.0 * excess / total, 2) if total > 0 else None
+    if stalls:
+        facts.longest = round(max(series.times[i] for i in stalls), 6)
+        facts.step_numbers = [i + 1 for i in stalls[:10]]
+        if len(stalls) >= 2:
+            facts.every = int(statistics.median(b - a for a, b in itertools.pairwise(stalls)))
+    return facts
+
+
+def _shape_sensitive(record: RunRecord) -> bool:
+    """A new input shape costs time here: cuDNN autotunes each new shape, torch.compile
+    recompiles for it."""
+    benchmark = record.devices.backend_flags.get("cudnn_benchmark")
+    compiled = any(state.name == "OptimizedModule" for state in record.forwards.modules.values())
+    return bool(benchmark) or compiled
+
+
+def _forwards_per_step(cumulative: list[int]) -> list[int]:
+    """Top-level forwards in each step from the running totals at the step boundaries."""
+    return [count - (cumulative[i - 1] if i else 0) for i, count in enumerate(cumulative)]
 
 
 def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
     from pytest_gputrain.collect.sampler import summarise
 
     facts = NvmlRunFacts(index=timeline.index)
+    facts.power_limit = timeline.power_limit
+    facts.power_limit_default = timeline.power_limit_default
     samples = timeline.samples
     facts.samples = len(samples)
     if not samples:
@@ -443,4 +649,147 @@ def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
             100.0 * sum(1 for m in masks if m & THROTTLE_BITS) / len(masks), 2)
         facts.power_cap_percent = round(
             100.0 * sum(1 for m in masks if m & POWER_CAP_BIT) / len(masks), 2)
+    return facts
+
+
+# -- habits: train/eval mode, empty_cache and allocator churn, optimizer, compile, DDP ----------
+
+def _habit_facts(run: RunFacts, record: RunRecord, steady: list[int]) -> None:
+    modules = record.forwards.modules.values()
+    if modules:
+        run.mode_layers = sum(s.checks.mode_layers for s in modules if s.checks is not None)
+        run.eval_forwards_in_train_mode = record.modes.eval_in_train
+        run.trained_forwards_in_eval_mode = record.modes.trained_in_eval
+    else:
+        for name in ("mode_layers", "eval_forwards_in_train_mode",
+                     "trained_forwards_in_eval_mode"):
+            run.mark_unknown(name, "no top-level module was called")
+    cache = record.cache
+    steps = len(record.steps.times)
+    run.empty_cache_calls = cache.empty_cache_calls
+    after_warmup = steps - record.warmup
+    if after_warmup > 0:
+        called = {i for i in cache.empty_cache_steps if record.warmup <= i < steps}
+        run.empty_cache_steps_percent = round(100.0 * len(called) / after_warmup, 2)
+    else:
+        run.mark_unknown("empty_cache_steps_percent", f"{steps} step(s): none after warm-up")
+    _churn(run.memory, record, steps)
+
+
+def _churn(facts: MemoryFacts, record: RunRecord, steps: int) -> None:
+    """cudaMalloc/cudaFree calls between the mark (after warm-up and the profiler window) and
+    the end of the test, less the frees empty_cache() made."""
+    cache = record.cache
+    if record.devices.cuda_index is None:
+        return  # the memory group already says the run did not train on CUDA
+    after = steps - cache.mark_step if cache.mark_step is not None else 0
+    if cache.mark is None or cache.end is None or after <= 0:
+        why = ("the allocator has no cudaMalloc/cudaFree counters (num_device_alloc)"
+               if cache.mark is None and after > 0 else
+               f"{steps} step(s): too few after warm-up and the profiler window")
+        facts.unknown["device_allocs_per_step"] = why
+        return
+    allocs = cache.end["num_device_alloc"] - cache.mark["num_device_alloc"]
+    frees = (cache.end["num_device_free"] - cache.mark["num_device_free"]
+             - cache.frees_by_empty_cache)
+    facts.device_allocs_steady = max(0, allocs)
+    facts.device_frees_steady = max(0, frees)
+    facts.device_allocs_per_step = round(max(0, allocs) / after, 3)
+
+
+def _optimizer_facts(record: RunRecord, steady: list[int], step_time: float | None
+                     ) -> OptimizerFacts:
+    readings = record.optimizer
+    facts = OptimizerFacts(name=readings.name, foreach=readings.foreach, fused=readings.fused,
+                           param_tensors=readings.param_tensors,
+                           zero_grad_calls=readings.zero_grad_calls,
+                           zero_grad_to_zeros=readings.zero_grad_to_zeros)
+    if readings.name is None:
+        for name in ("name", "param_tensors", "step_host_time"):
+            facts.unknown[name] = "no optimizer stepped"
+        return facts
+    host = [readings.host_times[i] for i in steady if i < len(readings.host_times)]
+    if not host:
+        facts.unknown["step_host_time"] = "no steady steps"
+        return facts
+    facts.step_host_time = round(statistics.median(host), 7)
+    if step_time:
+        facts.step_host_percent = round(min(100.0, 100.0 * facts.step_host_time / step_time), 2)
+    return facts
+
+
+def _compile_facts(record: RunRecord) -> CompileFacts:
+    readings = record.compile
+    facts = CompileFacts(wrapped_modules=list(readings.wrapped), wraps_ddp=readings.wraps_ddp)
+    facts.compiled_calls = sum(state.calls for state in record.forwards.modules.values()
+                               if state.name == "OptimizedModule")
+    steps = len(record.steps.times)
+    after_warmup = steps - record.warmup
+    if readings.callback:
+        facts.compiles = len(readings.compile_steps)
+        if after_warmup > 0:
+            compiled = {i for i in readings.compile_steps if record.warmup <= i < steps}
+            facts.steps_with_compile = len(compiled)
+            facts.recompile_steps_percent = round(100.0 * len(compiled) / after_warmup, 2)
+    else:
+        facts.unknown["steps_with_compile"] = (
+            "dynamo's compile callbacks are not available (not imported, or torch < 2.6)")
+    end = readings.end
+    if end is None:
+        facts.used = bool(facts.compiled_calls)
+        for name in ("frames_compiled", "graph_breaks", "recompile_limit_hits"):
+            facts.unknown[name] = "torch._dynamo was not imported"
+        return facts
+    start = end.since(readings.start)
+    warm = end.since(readings.warm) if readings.warm is not None else start
+    facts.frames_compiled = max(0, end.frames_total - start.frames_total)
+    facts.frames_after_warmup = max(0, end.frames_total - warm.frames_total)
+    facts.frames_failed = max(0, (end.frames_total - end.frames_ok)
+                              - (start.frames_total - start.frames_ok))
+    facts.unique_graphs = max(0, end.unique_graphs - start.unique_graphs)
+    breaks = compile_readings.increase(start.graph_breaks, end.graph_breaks)
+    facts.graph_breaks = sum(breaks.values())
+    reasons: list[str] = []
+    for text, _ in sorted(breaks.items(), key=lambda item: -item[1]):
+        line = compile_readings.first_line(text)
+        if line not in reasons:
+            reasons.append(line)
+    facts.graph_break_reasons = reasons[:compile_readings.MAX_REASONS]
+    unimplemented = compile_readings.increase(start.unimplemented, end.unimplemented)
+    facts.recompile_limit_hits = sum(count for text, count in unimplemented.items()
+                                     if compile_readings.is_recompile_limit(text))
+    facts.recompile_reasons = list(readings.new_recompile_reasons)
+    facts.compile_time = round(max(0.0, end.compile_time - start.compile_time), 3)
+    flags = [r.suppress_errors for r in (readings.start, readings.warm, end)
+             if r is not None and r.suppress_errors is not None]
+    facts.suppress_errors = any(flags) if flags else None
+    facts.used = bool(facts.compiled_calls or facts.frames_compiled or facts.compiles)
+    return facts
+
+
+def _ddp_facts(record: RunRecord, steady: list[int]) -> DdpFacts:
+    readings = record.ddp
+    logging = readings.logging
+    facts = DdpFacts(used=bool(readings.steps))
+    if not readings.steps:
+        return facts
+    facts.world_size = readings.world_size or logging.get("world_size")
+    if steady:
+        counts = [readings.steps.get(i, [0, 0]) for i in steady]
+        facts.forwards_per_step = float(statistics.median(c[0] for c in counts))
+        facts.synced_forwards_per_step = float(statistics.median(c[1] for c in counts))
+    else:
+        facts.unknown["forwards_per_step"] = "no steady steps"
+    if "find_unused_parameters" in logging:
+        facts.find_unused_parameters = bool(logging["find_unused_parameters"])
+    iteration = logging.get("iteration")
+    facts.logged_iteration = iteration
+    if iteration and "unused_parameter_size" in logging:
+        facts.unused_parameter_size = int(logging["unused_parameter_size"])
+    elif facts.find_unused_parameters:
+        facts.unknown["unused_parameter_size"] = "DDP had not sampled an iteration yet"
+    for key, name in (("avg_backward_comm_time", "comm_time"),
+                      ("avg_backward_compute_comm_overlap_time", "comm_overlap_time")):
+        if logging.get(key):
+            setattr(facts, name, round(logging[key] / 1e9, 6))  # nanoseconds
     return facts

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
+ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
 MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
 
@@ -38,9 +40,29 @@ class StepSeries:
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
-    allocated: list[int] = field(default_factory=list)  # allocator's bytes (CUDA runs only)
     flags: list[StepFlag] = field(default_factory=list)
+    # Top-level forwards so far, at each step boundary: a step with more of them than usual
+    # ran validation (GT118 does not call such a long step a stall).
+    forwards: list[int] = field(default_factory=list)
+    saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     after_window: bool = False  # the next step is the first after the profiler window
+    # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
+    # allocated_stride: read at every step until ALLOCATED_CAPACITY readings, then every
+    # second one is dropped and the stride doubles, so the readings stay evenly spaced and
+    # a long run pays for a few dozen reads per doubling of its length.
+    allocated: list[int] = field(default_factory=list)
+    allocated_stride: int = 1
+
+    def allocated_due(self, index: int) -> bool:
+        """Step ``index`` (0-based) is one whose allocated bytes the series keeps."""
+        return index % self.allocated_stride == 0
+
+    def add_allocated(self, value: int) -> None:
+        allocated = self.allocated
+        allocated.append(value)
+        if len(allocated) >= ALLOCATED_CAPACITY:
+            del allocated[1::2]
+            self.allocated_stride *= 2
 
 
 @dataclass(slots=True)
@@ -68,16 +90,28 @@ class SyncCounts:
 
     pending: int = 0  # since the last step
     by_call: dict[str, int] = field(default_factory=dict)
+    # Steps done when torch.compile began and the wrappers were taken out (None: counted to
+    # the end); later steps' counts are not the code's syncs.
+    stopped_at: int | None = None
+
+
+class WatchMode(enum.Enum):
+    """Which grad-mode forwards of a model get their graph watched (``run.py``'s docstring)."""
+
+    PROBATION = "its first forwards, every one"
+    STREAKS = "those after another forward with no backward in between"
+    EVERY = "every one"
 
 
 class ModuleState:
     """One top-level module: its calls, parameters and the inputs it saw."""
 
-    __slots__ = ("autocast_calls", "calls", "conv_layers", "first_device", "first_param",
-                 "grad_calls", "handles", "inference_calls", "input_devices", "input_shapes",
-                 "last_device", "last_device_name", "last_shape", "name", "new_shape_steps",
-                 "param_devices", "param_dtypes", "parameters", "ref", "shapes_seen",
-                 "training_calls")
+    __slots__ = ("autocast_calls", "calls", "checks", "conv_layers", "first_cells",
+                 "first_device", "first_param", "grad_calls", "handles", "held",
+                 "inference_calls", "input_devices", "input_shapes", "last_device",
+                 "last_device_name", "last_shape", "layers", "leaf", "name", "new_shape_steps",
+                 "param_devices", "param_dtypes", "parameters", "pending", "ref", "shapes_seen",
+                 "training_calls", "watch_mode")
 
     def __init__(self, module: Any) -> None:
         self.name = type(module).__name__
@@ -100,6 +134,16 @@ class ModuleState:
         self.last_shape: Any = None
         self.parameters: int | None = None
         self.conv_layers: int | None = None
+        self.leaf = False  # no child modules and no parameters (a loss, an activation)
+        # Watching its forwards' graphs: the mode, the cells of the first forwards, whether a
+        # grad-mode forward came since the last backward, and the output nodes held of it.
+        self.watch_mode = WatchMode.PROBATION
+        self.first_cells: list[list[bool]] = []
+        self.pending = False
+        self.held: list[Any] | None = None
+        # Per-forward checks (train/eval mode, DDP gradient sync); None: nothing to check.
+        self.checks: ModuleChecks | None = None
+        self.layers: LayerScan | None = None  # layer_scan.scan_layers at the first call
 
     def scan(self, module: Any) -> None:
         devices: list[str] = []
@@ -118,6 +162,20 @@ class ModuleState:
         self.param_devices, self.param_dtypes, self.parameters = devices, dtypes, count
         self.first_param = first
         self.first_device = first.device if first is not None else None
+
+
+class ModuleChecks:
+    """What a top-level module's forwards are checked for, set once when it is first seen:
+    train/eval mode (it holds layers that behave differently in the two modes) and DDP's
+    gradient synchronisation. Holds weak references only."""
+
+    __slots__ = ("batch_norm", "ddp", "mode_layers", "target")
+
+    def __init__(self, mode_layers: int, target: Any, ddp: Any, batch_norm: Any) -> None:
+        self.mode_layers = mode_layers
+        self.target = weakref.ref(target)  # the module whose .training counts (inside wrappers)
+        self.ddp = weakref.ref(ddp) if ddp is not None else None
+        self.batch_norm = weakref.ref(batch_norm) if batch_norm is not None else None
 
 
 # The last top-level forward: module name, its parameter devices, this call's input devices
@@ -168,21 +226,23 @@ class AllocatorReadings:
     # The test's own peaks read just before it reset the allocator's peak statistics itself
     # (gpu_benchmark, torch.cuda.reset_peak_memory_stats): the highest, by memory_stats key.
     peaks_before_reset: dict[str, int] = field(default_factory=dict)
+    backend: str | None = None  # torch.cuda.get_allocator_backend() at the first CUDA step
 
 
 @dataclass(slots=True)
 class NvmlTimeline:
-    """NVML samples of the training device, read at step boundaries."""
+    """NVML samples of the training device, taken on a sampler thread while the test ran."""
 
     index: int | None = None  # NVML index; None: not sampling
-    samples: list[DeviceSample] = field(default_factory=list)
-    started: float = 0.0
-    last: float = 0.0  # clock of the last sample
+    samples: list[DeviceSample] = field(default_factory=list)  # copied in when the test ends
     # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
     # a process the test starts itself is another process.
     session_pids: set[int] = field(default_factory=set)
     pids_read: float = 0.0  # clock when session_pids was last refreshed
+    other_seen: bool = False  # the last sample saw other processes on the device
     before_stop: int | None = None  # samples taken while the test ran (stop adds one after)
+    power_limit: float | None = None  # W, enforced, read once when sampling starts
+    power_limit_default: float | None = None  # W, the board's default limit
 
 
 @dataclass(slots=True)
@@ -213,6 +273,70 @@ class OomMoment:
 
 
 @dataclass(slots=True)
+class ModeChecks:
+    """Forwards whose train/eval mode does not fit what they were used for."""
+
+    eval_in_train: int = 0  # no_grad/inference forwards with the module in training mode
+    graph_pending: int = 0  # id of the module running a grad-mode forward in eval mode
+    # One cell per grad-mode forward in eval mode: True once a backward went through it.
+    eval_graph_outputs: list[list[bool]] = field(default_factory=list)
+    trained_in_eval: int = 0  # cells True at stop
+
+
+@dataclass(slots=True)
+class OptimizerReadings:
+    """The main optimizer's configuration (read at its first step) and the host time of each
+    of its steps (pre hook -> post hook), one entry per step like ``StepSeries``."""
+
+    name: str | None = None
+    foreach: bool | None = None
+    fused: bool | None = None
+    param_tensors: int | None = None
+    step_started: float = 0.0  # clock at the last optimizer step pre hook
+    host_times: list[float] = field(default_factory=list)
+    zero_grad_calls: int = 0
+    zero_grad_to_zeros: int = 0
+
+
+@dataclass(slots=True)
+class CacheCalls:
+    """``torch.cuda.empty_cache()`` calls and the allocator's cudaMalloc/cudaFree counters."""
+
+    empty_cache_calls: int = 0
+    empty_cache_steps: list[int] = field(default_factory=list)  # step index of each call
+    # num_device_alloc / num_device_free when the steady counting began, and at the end
+    mark: dict[str, int] | None = None
+    mark_step: int | None = None  # optimizer steps done at the mark
+    end: dict[str, int] | None = None
+    frees_by_empty_cache: int = 0  # cudaFree calls made by empty_cache() after the mark
+
+
+@dataclass(slots=True)
+class CompileReadings:
+    """torch.compile: dynamo's counters at three moments and the step of each compilation."""
+
+    start: Any = None  # compile_readings.DynamoCounters
+    warm: Any = None  # after the warm-up steps
+    end: Any = None
+    new_recompile_reasons: list[str] = field(default_factory=list)
+    compile_steps: list[int] = field(default_factory=list)  # steps done when a compile began
+    callback: bool = False  # the compile-start callback was registered (compile_steps valid)
+    wrapped: list[str] = field(default_factory=list)  # classes torch.compile wrapped
+    wraps_ddp: bool = False
+
+
+@dataclass(slots=True)
+class DdpReadings:
+    """Grad-mode forwards of DistributedDataParallel modules, by optimizer step, and DDP's
+    logging data (read at a few steps, never per forward)."""
+
+    steps: dict[int, list[int]] = field(default_factory=dict)  # index -> [forwards, synced]
+    world_size: int | None = None
+    logging: dict[str, Any] = field(default_factory=dict)
+    next_read: int = 2  # read the logging data at the first forward of this step, then double
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -230,5 +354,12 @@ class RunRecord:
     settings: SettingsTimeline = field(default_factory=SettingsTimeline)
     oom_moments: list[OomMoment] = field(default_factory=list)
     window_facts: dict[str, Any] = field(default_factory=dict)  # ProfilerWindow.stop()'s
+    modes: ModeChecks = field(default_factory=ModeChecks)
+    optimizer: OptimizerReadings = field(default_factory=OptimizerReadings)
+    cache: CacheCalls = field(default_factory=CacheCalls)
+    compile: CompileReadings = field(default_factory=CompileReadings)
+    ddp: DdpReadings = field(default_factory=DdpReadings)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
+    # The test's parameters name a CPU device (read from pytest before the test runs).
+    cpu_parametrized: bool | None = None

@@ -6,7 +6,9 @@ What is installed (and only while a diagnosed test's call phase runs):
   the step boundary;
 - a global module forward pre hook, *armed only between top-level forwards*: it sees the first
   module called outside any other module's forward, then disarms itself so that submodules keep
-  PyTorch's hook-free fast path; a forward hook on that top-level module re-arms it;
+  PyTorch's hook-free fast path; a forward hook on that top-level module (with its keyword
+  arguments, called also when the forward raises) re-arms it. A leaf module without parameters
+  (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
 - wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
@@ -14,6 +16,15 @@ What is installed (and only while a diagnosed test's call phase runs):
 - wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
   ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors;
 - a wrapper of ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (loader.py);
+- an optimizer step pre hook (``register_optimizer_step_pre_hook``): the host time of each step;
+- wrappers of ``Optimizer.zero_grad`` and ``Module.zero_grad`` that count ``set_to_none=False``
+  (subclasses that override ``zero_grad`` are not seen);
+- a wrapper of ``torch._C._cuda_emptyCache``, which ``torch.cuda.empty_cache()`` looks up at
+  each call (so calls through a name bound before the test are seen too);
+- a dynamo compile-start callback (``torch._dynamo.callback``), where dynamo is imported: the
+  step in which each compilation began;
+- a wrapper of ``torch.save`` that notes the step each checkpoint falls in (a long step that
+  saved one is no stall);
 - for ``torch.compile``d modules, a wrapper of ``OptimizedModule.__call__`` that records the call
   and disarms the global hook *before* dynamo looks for global hooks (it warns whenever one is
   installed, which would reach the user's warnings summary, or fail a ``-W error`` run); it is
@@ -35,11 +46,15 @@ is recorded in ``run.probe_errors``; it never reaches user code.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
+# Those that take no argument get a wrapper without *args/**kwargs: a quarter of the cost per
+# call, which matters for ``item``: torch's (foreach, non-capturable) Adam and AdamW call it on
+# each parameter's CPU step counter, twice per parameter and step.
+NO_ARGUMENT_METHODS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__"})
 
 
 class Patches:
@@ -60,20 +75,34 @@ class Patches:
         """Undo every patch, newest first; returns problems (a patch someone replaced since)."""
         problems = []
         while self._saved:
-            owner, name, had, original, replacement = self._saved.pop()
-            current = vars(owner).get(name)
-            if current is not replacement:
-                label = getattr(owner, "__name__", type(owner).__name__)
-                problems.append(f"{label}.{name} was replaced during the test; left as found")
-                continue
-            if had:
-                setattr(owner, name, original)
+            problems.extend(_undo(*self._saved.pop()))
+        return problems
+
+    def restore_some(self, owner: Any, names: Iterable[str]) -> list[str]:
+        """Undo the patches of ``names`` on ``owner`` only (the others stay)."""
+        wanted = set(names)
+        kept, problems = [], []
+        for entry in self._saved:
+            if entry[0] is owner and entry[1] in wanted:
+                problems.extend(_undo(*entry))
             else:
-                delattr(owner, name)
+                kept.append(entry)
+        self._saved = kept
         return problems
 
     def __len__(self) -> int:
         return len(self._saved)
+
+
+def _undo(owner: Any, name: str, had: bool, original: Any, replacement: Any) -> list[str]:
+    if vars(owner).get(name) is not replacement:
+        label = getattr(owner, "__name__", type(owner).__name__)
+        return [f"{label}.{name} was replaced during the test; left as found"]
+    if had:
+        setattr(owner, name, original)
+    else:
+        delattr(owner, name)
+    return []
 
 
 def is_compiling(torch: Any) -> Callable[[], bool]:
@@ -87,14 +116,31 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
 
 def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
     """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def is_cuda(tensor: Any) -> bool:
         try:
-            if self.is_cuda:
-                counts.pending += 1
-                counts.by_call[name] = counts.by_call.get(name, 0) + 1
+            return bool(tensor.is_cuda)
         except Exception:  # exotic tensor subclasses: count nothing, change nothing
-            pass
-        return original(self, *args, **kwargs)
+            return False
+
+    def count() -> None:
+        counts.pending += 1
+        counts.by_call[name] = counts.by_call.get(name, 0) + 1
+
+    wrapper: Callable[..., Any]
+    if name in NO_ARGUMENT_METHODS:
+        def wrapper(self: Any) -> Any:
+            try:
+                cuda = self.is_cuda  # inline: the common CPU case is one attribute read
+            except Exception:
+                cuda = False
+            if cuda:
+                count()
+            return original(self)
+    else:
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_cuda(self):
+                count()
+            return original(self, *args, **kwargs)
 
     wrapper.__name__ = getattr(original, "__name__", name)
     wrapper.__qualname__ = getattr(original, "__qualname__", name)
@@ -144,6 +190,52 @@ def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
     return device
 
 
+def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[..., Any]:
+    """Count ``zero_grad`` calls into ``readings`` (the probe's ``OptimizerReadings``), and those
+    that fill gradients with zeros (``set_to_none=False``, by keyword or position)."""
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        readings.zero_grad_calls += 1
+        set_to_none = args[0] if args else kwargs.get("set_to_none", True)
+        if set_to_none is False or set_to_none == 0:
+            readings.zero_grad_to_zeros += 1
+        return original(self, *args, **kwargs)
+
+    zero_grad.__name__ = getattr(original, "__name__", "zero_grad")
+    zero_grad.__qualname__ = getattr(original, "__qualname__", "zero_grad")
+    zero_grad.__doc__ = getattr(original, "__doc__", None)
+    zero_grad.__wrapped__ = original  # type: ignore[attr-defined]
+    zero_grad._gputrain_probe = True  # type: ignore[attr-defined]
+    return zero_grad
+
+
+def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+    def _cuda_emptyCache(*args: Any, **kwargs: Any) -> Any:
+        before = probe.on_empty_cache_start()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            probe.on_empty_cache_end(before)
+
+    _cuda_emptyCache.__name__ = getattr(original, "__name__", "_cuda_emptyCache")
+    _cuda_emptyCache.__doc__ = getattr(original, "__doc__", None)
+    _cuda_emptyCache.__wrapped__ = original  # type: ignore[attr-defined]
+    _cuda_emptyCache._gputrain_probe = True  # type: ignore[attr-defined]
+    return _cuda_emptyCache
+
+
+def wrap_save(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+    def save(*args: Any, **kwargs: Any) -> Any:
+        probe.on_save()  # guarded inside: never raises
+        return original(*args, **kwargs)
+
+    save.__name__ = getattr(original, "__name__", "save")
+    save.__qualname__ = getattr(original, "__qualname__", "save")
+    save.__doc__ = getattr(original, "__doc__", None)
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    save._gputrain_probe = True  # type: ignore[attr-defined]
+    return save
+
+
 def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if probe.install.armed and not probe.disabled:
@@ -185,6 +277,7 @@ class Installation:
         self._hooks: Any = None
         self._key: Any = None
         self._hook = probe.on_global_forward
+        self._compile_handler: Any = None  # dynamo's callback handler, once registered
 
     # -- the armed/disarmed global forward pre hook ---------------------------------------------
 
@@ -226,8 +319,11 @@ class Installation:
 
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
+        if callable(getattr(torch, "save", None)):
+            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
+        self.install_habit_hooks()
         self.patch_compiled_modules()
         self.install_truth_wrappers()
 
@@ -251,16 +347,52 @@ class Installation:
                                  wrap_before(original, lambda *a, **k: probe.on_gradcheck(),
                                              probe))
 
+    def install_habit_hooks(self) -> None:
+        """Optimizer step timing, zero_grad and empty_cache (the optimizer and allocator
+        habits the run rules judge)."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        torch = self.torch
+        probe = self.probe
+        self.handles.append(register_optimizer_step_pre_hook(probe.on_optimizer_pre_step))
+        readings = probe.record.optimizer
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            original = getattr(owner, "zero_grad", None)
+            if original is not None:
+                self.patches.set(owner, "zero_grad", wrap_zero_grad(original, readings))
+        empty_cache = getattr(torch._C, "_cuda_emptyCache", None)
+        if empty_cache is not None:  # CUDA builds only
+            self.patches.set(torch._C, "_cuda_emptyCache", wrap_empty_cache(empty_cache, probe))
+
     def patch_compiled_modules(self) -> None:
-        """Wrap OptimizedModule.__call__ once dynamo is imported (never imports it)."""
+        """Wrap OptimizedModule.__call__ and register the compile-start callback once dynamo is
+        imported (never imports it)."""
+        if not self.installed:
+            return
+        if self._compile_handler is None:
+            from pytest_gputrain.probe.compile_readings import register_compile_callback
+
+            self._compile_handler = register_compile_callback(self.probe.on_compile_start)
+            if self._compile_handler is not None:
+                self.probe.record.compile.callback = True
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         optimized = getattr(eval_frame, "OptimizedModule", None)
-        if optimized is None or not self.installed:
+        if optimized is None:
             return
         if getattr(vars(optimized).get("__call__"), "_gputrain_probe", False):
             return
         self.patches.set(optimized, "__call__",
                          wrap_optimized_call(optimized.__call__, self.probe))
+
+    def drop_sync_wrappers(self) -> list[str]:
+        """Put torch's own syncing tensor methods back for the rest of the test.
+
+        Called when torch.compile starts compiling: dynamo would trace into the Python wrapper
+        and meet the C method it wraps, which it cannot trace ("Dynamo does not know how to
+        trace the builtin TensorBase.item"): a graph break and a warning that ``-W error`` turns
+        into a failure of the user's test. Without the wrapper dynamo handles ``.item()`` as it
+        always does; syncs are then counted by the profiler window only."""
+        return self.patches.restore_some(self.torch.Tensor, SYNC_METHODS)
 
     def remove(self) -> list[str]:
         """Remove everything installed; returns problems found while doing so."""
@@ -274,6 +406,14 @@ class Installation:
             except Exception as exc:  # pragma: no cover - RemovableHandle.remove never raises
                 problems.append(f"hook removal failed: {exc}")
         problems.extend(self.patches.restore())
+        handler, self._compile_handler = self._compile_handler, None
+        if handler is not None:
+            from pytest_gputrain.probe.compile_readings import remove_compile_callback
+
+            try:
+                remove_compile_callback(handler, self.probe.on_compile_start)
+            except Exception as exc:
+                problems.append(f"dynamo compile callback removal failed: {exc}")
         self.installed = False
         return problems
 
@@ -293,14 +433,21 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
 
     owners: list[tuple[Any, str]] = [(torch.autograd, "backward"), (torch.autograd, "grad"),
                                      (dataloader._BaseDataLoaderIter, "__next__"),
-                                     (torch, "compile")]
+                                     (torch, "compile"), (torch, "save")]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.cuda, "reset_peak_memory_stats"),
                (torch.cuda.memory, "reset_peak_memory_stats")]
+    owners += [(torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),
+               (torch._C, "_cuda_emptyCache")]
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
     counts["patched_attributes"] = sum(
         1 for owner, name in owners if getattr(vars(owner).get(name), "_gputrain_probe", False))
+    callback = sys.modules.get("torch._dynamo.callback")
+    handler = getattr(callback, "callback_handler", None)
+    counts["dynamo_compile_callbacks"] = sum(
+        1 for function in getattr(handler, "start_callbacks", ())
+        if getattr(function, "__qualname__", "") == "RunProbe.on_compile_start")
     return counts

@@ -9,7 +9,10 @@ and profiler state) and reads the run facts it recorded (``--gpu-facts-out``):
 - tensor-core kernels under bf16 autocast vs plain FP32 with TF32 off (GT106);
 - allocated memory that grows when graph-attached losses are kept (GT108);
 - an out-of-memory failure under ``set_per_process_memory_fraction`` (GT201, GT209);
-- host-device syncs counted per step, and no hook left behind.
+- host-device syncs counted per step, and no hook left behind;
+- the facts that keep the run rules from crying wolf: the busy share outside the profiler window,
+  CUDA graph launches, syncs made inside C++ and the host's wait in them, the power limits, the
+  allocator backend.
 """
 
 from __future__ import annotations
@@ -130,18 +133,27 @@ import threading
 from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
 
+def os_threads():
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("Threads:")).split()[1])
+
+
 def test_bf16_loop():
-    # The probe is installed by now and must not have started a thread of its own (CUDA's
-    # own driver threads are not Python threads, so they do not count here).
+    # The probe is installed by now; its NVML sampler thread starts at the first CUDA step.
     assert [t.name for t in threading.enumerate()] == ["MainThread"]
+    model = mlp()
+    # CUDA's own threads make the process multi-threaded before the probe samples anything,
+    # so a DataLoader fork warns on Python 3.12+ with or without the sampler thread.
+    assert os_threads() > 1
     torch.backends.cudnn.benchmark = True
-    train(mlp(), loader(512), steps=16, autocast=True, syncs=5)
+    train(model, loader(512), steps=16, autocast=True, syncs=5)
 
 
 def test_no_hooks_left_after_the_previous_test():
     counts = global_hook_counts(torch)
     assert counts["_global_optimizer_post_hooks"] == 1   # this test's own probe
     assert counts["patched_attributes"] >= 10
+    assert not [t for t in threading.enumerate() if t.name.startswith("gputrain-nvml")]
 """)
     assert code == 0, output
     run = _run(facts, "test_bf16_loop")
@@ -166,6 +178,7 @@ def test_no_hooks_left_after_the_previous_test():
     assert run["loader"]["batch_pinned"] is True and run["loader"]["num_workers"] == 2
     if run["nvml"]["index"] is not None:
         assert run["nvml"]["samples"] > 0 and run["nvml"]["utilization_mean"] is not None
+    assert profile["cupti_teardown"] is True, profile["cupti_teardown_reason"]
     assert not ({"GT103", "GT106", "GT108"} & _codes(facts, "test_bf16_loop"))
 
 
@@ -258,6 +271,65 @@ def test_no_leak():
     assert "GT108" not in _codes(facts, "test_no_leak")
 
 
+def test_window_facts_of_graphs_masks_and_the_step_outside_the_window(tmp_path: Path) -> None:
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+
+def graph_batches():
+    static_x = torch.randn(4096, 2048, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up outside the capture, as the CUDA notes say
+        static_x.mul(2).add_(1)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_in = static_x.mul(2).add_(1)
+    labels = torch.randint(0, 10, (4096,), device=DEVICE)
+    while True:
+        graph.replay()  # one cudaGraphLaunch per step
+        yield static_in, labels
+
+
+def test_graph_replay():
+    train(mlp(), graph_batches(), steps=12, autocast=True)
+
+
+def test_mask_syncs():
+    model = mlp(width=256)  # small: the syncs, not the kernels, set the pace
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(512, 256, device=DEVICE)
+    y = torch.randint(-1, 10, (512, 8), device=DEVICE)
+    for _ in range(12):
+        logits = model(x)
+        losses = []
+        for column in range(8):
+            known = y[:, column] >= 0
+            losses.append(torch.nn.functional.cross_entropy(logits[known], y[known, column]))
+        loss = torch.stack(losses).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+""")
+    assert code == 0, output
+    graphs = _run(facts, "test_graph_replay")
+    profile = graphs["profile"]
+    assert profile["captured"], profile["reason"]
+    assert profile["graph_launches_per_step"] >= 1
+    assert profile["kernel_time_per_step"] > 0
+    # Outside the window the profiler no longer slows the launches: at least as busy.
+    assert profile["busy_percent_unprofiled"] >= 0.8 * profile["busy_percent"]
+    assert graphs["memory"]["allocator_backend"] == "native"
+    nvml = graphs["nvml"]
+    if nvml["index"] is not None:
+        assert nvml["power_limit"] and nvml["power_limit_default"]
+        assert nvml["power_limit"] <= nvml["power_limit_default"] * 1.01
+    masks = _run(facts, "test_mask_syncs")
+    assert masks["sync"]["per_step"] == 0  # no Python-level sync in the loop
+    assert masks["sync"]["profiled_per_step"] >= 16  # two boolean masks per column
+    assert masks["profile"]["sync_wait_percent"] > 0
+    assert "GT104" in _codes(facts, "test_mask_syncs")
+
+
 def test_oom_under_a_memory_fraction_is_diagnosed(tmp_path: Path) -> None:
     facts, output, code = _diagnose(tmp_path, """
 import torch
@@ -279,3 +351,63 @@ def test_oom():
     assert _codes(facts, "test_oom", ("error",)) >= {"GT201", "GT209"}
     assert "ERROR GT201 cuda-out-of-memory" in output
     assert "ERROR GT209 oom-memory-fraction" in output
+
+
+def test_the_profiler_window_leaves_launches_as_fast_as_before(tmp_path: Path) -> None:
+    """Kineto is asked to detach CUPTI after the window (TEARDOWN_CUPTI=1): launches after it,
+    in this test and the next, cost what they cost before it, and the next test's window still
+    captures (CUPTI re-attaches for it)."""
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+import os
+import statistics
+import time
+
+
+def launches(model, x, rounds=7, iterations=100):
+    # Forward and backward without an optimizer step: no step boundary, so no window opens.
+    per_iteration = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(iterations):
+            model(x).sum().backward()
+        torch.cuda.synchronize()
+        per_iteration.append((time.perf_counter() - started) / iterations)
+    return statistics.median(per_iteration)
+
+
+def before_and_after_the_window():
+    model = mlp(width=64, depth=8)  # tiny kernels: the loop is bound by launches
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 64, device=DEVICE)
+    y = torch.randint(0, 10, (32,), device=DEVICE)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    launches(model, x, rounds=2)  # warm-up; the probe watches the model's first forwards
+    step()  # step 1: from here on no training forward of this model is watched
+    before = launches(model, x)
+    for _ in range(8):  # steps 2-9; the profiler window covers steps 3-6
+        step()
+    after = launches(model, x)
+    return before, after
+
+
+def test_window_then_launches():
+    before, after = before_and_after_the_window()
+    assert os.environ.get("TEARDOWN_CUPTI") == "1"
+    assert after < 1.10 * before, (before, after)
+
+
+def test_the_next_test_profiles_again():
+    before, after = before_and_after_the_window()
+    assert after < 1.10 * before, (before, after)
+""")
+    assert code == 0, output
+    for name in ("test_window_then_launches", "test_the_next_test_profiles_again"):
+        profile = _run(facts, name)["profile"]
+        assert profile["captured"] is True, profile["reason"]
+        assert profile["cupti_teardown"] is True, profile["cupti_teardown_reason"]

@@ -5,6 +5,9 @@ its CUDA context (device_assert) or caps its memory fraction cannot affect anoth
 warning or error level in run or failure scope must equal the sample's ``expect`` exactly;
 session and device findings describe the machine, not the pipeline, and are left out.
 
+A sample's ``env`` table (variable -> string) is set in its process's environment, for faults
+that must be in place before torch starts (``CUDA_VISIBLE_DEVICES``).
+
 Each test prints ``SAMPLE <name>: <codes>``; with ``GPUTRAIN_SAMPLE_TABLE=<path>`` set, a
 Markdown table of all samples run so far is (re)written there after each one.
 """
@@ -30,7 +33,8 @@ else:  # pragma: no cover
 PIPELINES = Path(__file__).resolve().parents[2] / "sample_projects" / "pipelines"
 EXPECTED: dict[str, dict[str, Any]] = tomllib.loads(
     (PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
-TIMEOUT_S = 300
+# Seconds a sample may run; GPUTRAIN_SAMPLE_TIMEOUT lowers it for a quick pass over all samples.
+TIMEOUT_S = int(os.environ.get("GPUTRAIN_SAMPLE_TIMEOUT", "300"))
 PIPELINE_SCOPES = {"run", "failure"}
 LOUD = {"warning", "error"}
 TABLE_ENV = "GPUTRAIN_SAMPLE_TABLE"
@@ -73,6 +77,16 @@ def _outcome(returncode: int, stdout: str) -> str:
     return {0: "passed", 1: "failed"}.get(returncode, f"exit {returncode}")
 
 
+def sample_env(name: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The environment of a sample's process: this one's, plus the sample's ``env`` table."""
+    extra = spec.get("env", {})
+    if not isinstance(extra, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in extra.items()):
+        raise ValueError(f"EXPECTED.toml [{name}]: env must be a table of strings, e.g. "
+                         f'env = {{ CUDA_VISIBLE_DEVICES = "" }}, got {extra!r}')
+    return {**os.environ, **extra}
+
+
 def _codes(findings: list[dict[str, Any]], severities: set[str]) -> list[str]:
     return sorted({f["code"] for f in findings
                    if f["scope"] in PIPELINE_SCOPES and f["severity"] in severities})
@@ -92,12 +106,21 @@ def _write_table(path: str) -> None:
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _skip_without_gpus(name: str, needed: int) -> None:
+    import torch
+
+    if torch.cuda.device_count() < needed:
+        pytest.skip(f"sample {name} needs {needed} GPUs, "
+                    f"this machine has {torch.cuda.device_count()}")
+
+
 @pytest.mark.gpu
 @pytest.mark.requires_cuda
 @pytest.mark.skipif(not _cuda_available(), reason="needs torch with a usable CUDA GPU")
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     spec = EXPECTED[name]
+    _skip_without_gpus(name, int(spec.get("gpus", 1)))
     expect = sorted(spec.get("expect", []))
     report = tmp_path / "r.json"
     command = [
@@ -109,7 +132,8 @@ def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     started = time.perf_counter()
     try:
         done = subprocess.run(command, cwd=PIPELINES.parents[1], capture_output=True,
-                              text=True, timeout=TIMEOUT_S, check=False)
+                              text=True, timeout=TIMEOUT_S, check=False,
+                              env=sample_env(name, spec))
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"sample {name} ran past {TIMEOUT_S} s:\n{exc.stdout or ''}")
     wall_s = time.perf_counter() - started

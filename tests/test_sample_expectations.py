@@ -1,0 +1,64 @@
+"""sample_projects/pipelines/EXPECTED.toml is consistent with the samples and the rules, and the
+GPU runner applies a sample's ``env`` table (checked here, without a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.plugin import load_features
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = ROOT / "sample_projects" / "pipelines"
+EXPECTED = tomllib.loads((PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
+KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus"}
+
+
+def _runner() -> ModuleType:
+    path = ROOT / "tests" / "gpu" / "test_sample_pipelines_gpu.py"
+    spec = importlib.util.spec_from_file_location("sample_pipelines_runner", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_sample_folder_has_a_table_and_every_table_a_folder() -> None:
+    folders = {path.parent.name for path in PIPELINES.glob("*/test_*.py")}
+    assert folders == set(EXPECTED), (
+        f"folders without a table: {sorted(folders - set(EXPECTED))}; "
+        f"tables without a folder: {sorted(set(EXPECTED) - folders)}")
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_tables_use_known_keys_and_existing_codes(name: str) -> None:
+    spec = EXPECTED[name]
+    assert set(spec) <= KEYS, f"[{name}]: unknown key(s) {sorted(set(spec) - KEYS)}"
+    load_features()
+    scopes = {rule.code: rule.scope for rule in RuleEngine.load().rules}
+    for key in ("expect", "info_ok", "expect_info"):
+        for code in spec.get(key, []):
+            assert scopes.get(code) in ("run", "failure"), (
+                f"[{name}] {key}: {code} is not a run or failure rule")
+    assert isinstance(spec.get("fails", False), bool)
+
+
+def test_the_runner_sets_a_samples_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = _runner()
+    monkeypatch.setenv("GPUTRAIN_SAMPLE_PROBE", "kept")
+    env = runner.sample_env("hidden_gpus", {"env": {"CUDA_VISIBLE_DEVICES": ""}})
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["GPUTRAIN_SAMPLE_PROBE"] == "kept"
+    assert runner.sample_env("plain", {})["GPUTRAIN_SAMPLE_PROBE"] == "kept"
+    with pytest.raises(ValueError, match=r"\[bad\]: env must be a table of strings"):
+        runner.sample_env("bad", {"env": {"CUDA_VISIBLE_DEVICES": 0}})
+    assert EXPECTED["hidden_gpus"]["env"] == {"CUDA_VISIBLE_DEVICES": ""}
