@@ -28,20 +28,57 @@ from pytest_gputrain.engine.config import SettingError, build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
+from pytest_gputrain.options import FAIL_ON
 from pytest_gputrain.plugin import load_features
+from pytest_gputrain.project_settings import (
+    ProjectSettings,
+    ProjectSettingsError,
+    read_project_settings,
+)
+from pytest_gputrain.units import printable
 
 
 class CliError(Exception):
     pass
 
 
+def _project(args: argparse.Namespace) -> ProjectSettings:
+    """The project's ini settings (``gpu_*``), read once per command."""
+    if getattr(args, "project", None) is None:
+        try:
+            args.project = read_project_settings(args.rootdir, args.config_file)
+        except ProjectSettingsError as exc:
+            raise CliError(str(exc)) from None
+    project: ProjectSettings = args.project
+    return project
+
+
 def _engine(args: argparse.Namespace) -> RuleEngine:
+    """The rules as ``pytest --gpu-diagnose`` in this project would load them: the project's
+    ini settings, each overridden by its command-line twin when given."""
+    ini = _project(args).values
     try:
-        config = build_config(select=args.select, ignore=args.ignore, severity=args.severity,
-                              params=args.rule_param, rules_dirs=args.rules_dir)
+        if args.rules_dir:  # folders given here are relative to here; the ini's to its rootdir
+            rules_dirs, base = args.rules_dir, None
+        else:
+            rules_dirs, base = ini["gpu_rules_dirs"], _project(args).rootpath
+        config = build_config(select=args.select or ini["gpu_select"],
+                              ignore=args.ignore or ini["gpu_ignore"],
+                              severity=args.severity or ini["gpu_severity"],
+                              params=args.rule_param or ini["gpu_rule_params"],
+                              rules_dirs=rules_dirs, base_dir=base)
         return RuleEngine.load(config)
     except (RuleFileError, SettingError) as exc:
         raise CliError(str(exc)) from None
+
+
+def _fail_on(args: argparse.Namespace) -> str:
+    if args.fail_on is not None:
+        return str(args.fail_on)
+    level = str(_project(args).values["gpu_fail_on"] or "error").strip().lower()
+    if level not in FAIL_ON:
+        raise CliError(f"gpu_fail_on: {level!r} is not one of {', '.join(FAIL_ON)}")
+    return level
 
 
 def load_facts(path: Path) -> FactsFile:
@@ -57,7 +94,8 @@ def load_facts(path: Path) -> FactsFile:
         raise CliError(f"{path}: facts schema version {data.get('schema_version')!r} is not "
                        "supported by this version (expected 1)")
     try:
-        return FactsFile.model_validate(data)
+        # Strictly: a hand-edited file's true where a number belongs is an error, not 1.
+        return FactsFile.model_validate(data, strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -72,6 +110,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     facts = load_facts(Path(args.path))
     engine = _engine(args)
+    fail_on = _fail_on(args)
     findings = engine.evaluate_environment(facts.environment)
     try:
         findings = engine.evaluate_records(facts, findings)
@@ -81,21 +120,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
                        f"({exc.error_count()} problem(s))") from None
     if args.format == "json":
-        sys.stdout.write(report_json(build_report(facts.environment, findings, args.fail_on)))
+        sys.stdout.write(report_json(build_report(facts.environment, findings, fail_on)))
     elif args.format == "md":
-        sys.stdout.write(report_markdown(build_report(facts.environment, findings, args.fail_on)))
+        sys.stdout.write(report_markdown(build_report(facts.environment, findings, fail_on)))
     else:
         print("\n".join(header_lines(facts.environment)))
         print()
         print("\n".join(findings_lines(findings, verbose=args.verbose)))
-    return 1 if fails(findings, args.fail_on) else 0
+    return 1 if fails(findings, fail_on) else 0
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
     engine = _engine(args)
     rows = [(r.code, r.name, r.scope, r.severity, r.title) for r in engine.rules
             if args.scope in (None, r.scope)]
-    print(tabulate(rows, headers=("code", "name", "scope", "severity", "title")))
+    print(printable(tabulate(rows, headers=("code", "name", "scope", "severity", "title"))))
     return 0
 
 
@@ -128,7 +167,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         section("Notes", rule.docs["notes"])
     if rule.references:
         section("References", "\n".join(f"- {ref}" for ref in rule.references))
-    print("\n".join(out).rstrip())
+    print(printable("\n".join(out).rstrip()))  # a project's rule file may hold anything
     return 0
 
 
@@ -163,16 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def rule_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--select", action="append", help="rule codes or prefixes to run")
-        p.add_argument("--ignore", action="append", help="rule codes or prefixes to skip")
-        p.add_argument("--severity", action="append", metavar="CODE=LEVEL")
-        p.add_argument("--rule-param", action="append", metavar="CODE.PARAM=VALUE")
-        p.add_argument("--rules-dir", action="append", metavar="DIR", help="extra rule folder")
+        p.add_argument("--select", action="append", help="rule codes or prefixes to run "
+                       "(instead of the ini file's gpu_select)")
+        p.add_argument("--ignore", action="append", help="rule codes or prefixes to skip "
+                       "(instead of gpu_ignore)")
+        p.add_argument("--severity", action="append", metavar="CODE=LEVEL",
+                       help="instead of gpu_severity")
+        p.add_argument("--rule-param", action="append", metavar="CODE.PARAM=VALUE",
+                       help="instead of gpu_rule_params")
+        p.add_argument("--rules-dir", action="append", metavar="DIR",
+                       help="extra rule folder (instead of gpu_rules_dirs)")
+        p.add_argument("--rootdir", metavar="DIR", help="the project's rootdir, as pytest's "
+                       "--rootdir (default: found from the current directory, as pytest does)")
+        p.add_argument("-c", "--config-file", metavar="FILE", help="the project's ini file, "
+                       "as pytest's -c (default: found as pytest finds it)")
 
     replay = sub.add_parser("replay", help="run the rules on facts recorded by --gpu-facts-out")
     replay.add_argument("path")
     replay.add_argument("--format", choices=("text", "json", "md"), default="text")
-    replay.add_argument("--fail-on", choices=("error", "warning", "never"), default="error")
+    replay.add_argument("--fail-on", choices=FAIL_ON, default=None,
+                        help="default: the ini file's gpu_fail_on, else error")
     replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
     rule_options(replay)
     replay.set_defaults(func=cmd_replay)
@@ -222,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # output still buffered fails here, while it can be handled
         return code
     except CliError as exc:
-        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        print(f"pytest_gputrain: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _stdout_closed()

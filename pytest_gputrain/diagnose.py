@@ -20,13 +20,15 @@ Import-light: importing this module imports neither torch nor pydantic.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import scopes
+from pytest_gputrain import options, scopes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -37,7 +39,8 @@ if TYPE_CHECKING:
     from pytest_gputrain.options import Settings
 
 PLUGIN_NAME = "gputrain-diagnose"
-DIAGNOSIS_KEY = pytest.StashKey["Diagnosis"]()
+DIAGNOSIS_KEY = options.DIAGNOSIS_KEY
+_SESSION_KEY = pytest.StashKey[pytest.Session]()
 # pytest-xdist: the controller's environment goes to the workers, their records come back.
 WORKER_ENVIRONMENT = "gputrain_environment"
 WORKER_RECORDS = "gputrain_records"
@@ -47,7 +50,8 @@ TerminalLines = Callable[[int], list[str]]
 
 def diagnosis(config: pytest.Config) -> Diagnosis | None:
     """The session's diagnosis, or None when ``--gpu-diagnose`` is off."""
-    return config.stash.get(DIAGNOSIS_KEY, None)
+    session: Diagnosis | None = config.stash.get(DIAGNOSIS_KEY, None)
+    return session
 
 
 class Diagnosis:
@@ -136,6 +140,9 @@ class DiagnoseSession(Diagnosis):
         self._environment_findings: list[Finding] | None = None
         self._record_findings: list[Finding] = []
         self._record_findings_count = 0
+        self._findings: list[Finding] | None = None  # computed when the session finishes
+        self.outputs: list[Output] = []
+        self.interrupted = False
 
     @property
     def findings(self) -> list[Finding]:
@@ -158,25 +165,50 @@ class DiagnoseSession(Diagnosis):
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        try:
+            self._summary(terminalreporter)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            terminalreporter.write_line("")
+        if self.interrupted:
+            # As pytest ends on Ctrl-C: exit status 2, after saying what was left undone.
+            terminalreporter.write_line(
+                "gputrain: interrupted (Ctrl-C) while finishing the diagnosis: the outputs "
+                "listed as written are complete, the others were not written", red=True,
+                bold=True)
+            session = self.config.stash.get(_SESSION_KEY, None)
+            if session is not None:
+                session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+    def _summary(self, terminalreporter: Any) -> None:
         from pytest_gputrain.report.model import fails
         from pytest_gputrain.report.terminal import findings_lines
+        from pytest_gputrain.units import printable
 
         terminalreporter.write_sep("=", "gputrain diagnosis")
-        width = max(60, terminalreporter._tw.fullwidth - 2)
-        verbose = self.config.getoption("verbose", 0) > 0
-        for line in findings_lines(self.findings, width=width, verbose=verbose):
-            color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
-                line.split(" ", 1)[0], {})
-            terminalreporter.write_line(line, **color)
-        for lines in self.terminal_lines(width):
-            terminalreporter.write_line("")
-            for line in lines:
-                terminalreporter.write_line(line)
-        for path in self.settings.reports:
-            terminalreporter.write_line(f"gputrain: report written to {path}")
-        if self.settings.facts_out:
-            terminalreporter.write_line(f"gputrain: facts written to {self.settings.facts_out}")
-        if fails(self.findings, self.settings.fail_on):
+        findings = self._findings
+        if findings is None:
+            terminalreporter.write_line("gputrain: no findings to show: the session was "
+                                        "interrupted before the rules were evaluated")
+        else:
+            width = max(60, terminalreporter._tw.fullwidth - 2)
+            verbose = self.config.getoption("verbose", 0) > 0
+            for line in findings_lines(findings, width=width, verbose=verbose):
+                color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
+                    line.split(" ", 1)[0], {})
+                terminalreporter.write_line(line, **color)
+            for lines in self.terminal_lines(width):
+                terminalreporter.write_line("")
+                for line in lines:
+                    terminalreporter.write_line(printable(line))
+        for output in self.outputs:
+            if output.error is None:
+                terminalreporter.write_line(f"gputrain: {output.what} written to {output.path}")
+            else:
+                terminalreporter.write_line(
+                    f"gputrain: could not write the {output.what} {output.path}: {output.error}",
+                    red=True, bold=True)
+        if findings is not None and fails(findings, self.settings.fail_on):
             terminalreporter.write_line(
                 f"gputrain: failing the run: a finding reached '{self.settings.fail_on}' "
                 "(--gpu-fail-on)", red=True, bold=True)
@@ -185,11 +217,19 @@ class DiagnoseSession(Diagnosis):
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
         from pytest_gputrain.report.model import fails
 
+        self.config.stash[_SESSION_KEY] = session
         # Before the terminal reporter's summary, so the files exist when it names them.
-        self._write_outputs()
-        failed = fails(self.findings, self.settings.fail_on)
-        if failed and session.exitstatus in (pytest.ExitCode.OK,
-                                             pytest.ExitCode.NO_TESTS_COLLECTED):
+        try:
+            self._findings = self.findings
+        except KeyboardInterrupt:
+            self.interrupted = True
+        self.outputs = self._write_outputs(self._findings)
+        failed = self._findings is not None and fails(self._findings, self.settings.fail_on)
+        unwritten = any(output.error is not None for output in self.outputs)
+        if self.interrupted:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
+        elif (failed or unwritten) and session.exitstatus in (
+                pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             # A diagnosis of the machine alone (no tests) is a complete, successful run.
@@ -208,18 +248,52 @@ class DiagnoseSession(Diagnosis):
         for scope, records in output.get(WORKER_RECORDS, {}).items():
             self._records.setdefault(scope, []).extend(records)
 
-    def _write_outputs(self) -> None:
+    def _write_outputs(self, findings: list[Finding] | None) -> list[Output]:
+        """Every report and the facts file: each that can be written is, whatever happens to
+        the others (a bad path, Ctrl-C); the failures are listed, not raised."""
+        from pytest_gputrain.report.files import append_text, write_atomically
+
+        outputs: list[Output] = []
+
+        def attempt(what: str, path: Path, text: Callable[[], str], append: bool) -> None:
+            try:
+                (append_text if append else write_atomically)(path, text())
+                outputs.append(Output(what, path))
+            except OSError as exc:
+                outputs.append(Output(what, path, exc.strerror or str(exc)))
+            except ValueError as exc:  # text that cannot be encoded, a value JSON refuses
+                outputs.append(Output(what, path, str(exc)))
+            except KeyboardInterrupt:  # the others are still written: each takes a moment
+                self.interrupted = True
+                outputs.append(Output(what, path, "not written: interrupted (Ctrl-C)"))
+
+        for target in self.settings.reports:
+            if findings is None:
+                outputs.append(Output("report", target.path, "not written: interrupted "
+                                      "(Ctrl-C) before the rules were evaluated"))
+                continue
+            attempt("report", target.path,
+                    functools.partial(self._report_text, target.format, findings), target.append)
+        if self.settings.facts_out:
+            attempt("facts", self.settings.facts_out,
+                    lambda: self.facts_file().model_dump_json(indent=1) + "\n", False)
+        return outputs
+
+    def _report_text(self, form: str, findings: list[Finding]) -> str:
         from pytest_gputrain.report.markdown import report_markdown
         from pytest_gputrain.report.model import build_report, report_json
 
-        findings = self.findings
-        sections = self.sections()
-        for path in self.settings.reports:
-            report = build_report(self.environment, findings, self.settings.fail_on, sections)
-            text = report_json(report) if path.suffix == ".json" else report_markdown(report)
-            _write(path, text)
-        if self.settings.facts_out:
-            _write(self.settings.facts_out, self.facts_file().model_dump_json(indent=1) + "\n")
+        report = build_report(self.environment, findings, self.settings.fail_on, self.sections())
+        return report_json(report) if form == "json" else report_markdown(report)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output file of the session and, when it could not be written, why."""
+
+    what: str  # "report" or "facts"
+    path: Path
+    error: str | None = None
 
 
 class WorkerDiagnosis(Diagnosis):
@@ -237,11 +311,3 @@ class WorkerDiagnosis(Diagnosis):
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.config.workeroutput[WORKER_RECORDS] = self._records  # type: ignore[attr-defined]
 
-
-def _write(path: Path, text: str) -> None:
-    from pytest_gputrain.report.model import write_atomically
-
-    try:
-        write_atomically(path, text)
-    except OSError as exc:
-        raise pytest.UsageError(f"gputrain: cannot write {path}: {exc}") from None

@@ -10,6 +10,10 @@ Rules address facts by dotted names (``device.memory_used``, ``torch.cuda_versio
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import (
@@ -29,10 +33,21 @@ SCHEMA_VERSION = 1
 ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_process"]
 
 
-def fact(unit: str | None = None, doc: str = "", default: Any = None) -> Any:
-    """A fact field: unknown (``None``) by default, with its unit recorded in the JSON schema."""
+# Sizes and counts are never negative: a facts file that says so is refused, not judged. A
+# field of these units that is a difference (a growth) says ``signed=True``.
+NON_NEGATIVE_UNITS = ("bytes", "CPUs", "lanes")
+
+
+def fact(unit: str | None = None, doc: str = "", default: Any = None,
+         signed: bool = False) -> Any:
+    """A fact field: unknown (``None``) by default, with its unit recorded in the JSON schema.
+
+    A number of a unit in ``NON_NEGATIVE_UNITS`` must be 0 or more unless ``signed`` (only
+    for a single number: a list of them is not checked).
+    """
     extra: dict[str, Any] | None = {"unit": unit} if unit else None
-    return Field(default=default, description=doc, json_schema_extra=extra)
+    bounds: dict[str, Any] = {"ge": 0} if unit in NON_NEGATIVE_UNITS and not signed else {}
+    return Field(default=default, description=doc, json_schema_extra=extra, **bounds)
 
 
 class FactGroup(BaseModel):
@@ -297,28 +312,64 @@ class FactsFile(BaseModel):
         return data
 
 
+@functools.cache
+def _names_of(model: type[BaseModel], prefix: str
+              ) -> tuple[tuple[str, str, str | None], ...]:
+    """(dotted name, field, unit) of each field of ``model`` but ``unknown``: worked out once
+    per model and prefix, since a replay flattens thousands of records of the same models."""
+    names = []
+    for name, info in model.model_fields.items():
+        if name == "unknown":
+            continue
+        extra = info.json_schema_extra
+        unit = extra.get("unit") if isinstance(extra, dict) else None
+        names.append((f"{prefix}.{name}", name, unit if isinstance(unit, str) else None))
+    return tuple(names)
+
+
 def group_namespace(prefix: str, group: BaseModel) -> dict[str, tuple[Any, str | None, str | None]]:
     """Flatten a model into ``{"prefix.field": (value, unit, why_unknown)}``."""
     result: dict[str, tuple[Any, str | None, str | None]] = {}
     unknown = getattr(group, "unknown", {})
-    for name, info in type(group).model_fields.items():
-        if name == "unknown":
-            continue
-        value = getattr(group, name)
+    values = group.__dict__
+    for dotted, name, unit in _names_of(type(group), prefix):
+        value = values[name]
         if isinstance(value, BaseModel):
-            result.update(group_namespace(f"{prefix}.{name}", value))
+            result.update(group_namespace(dotted, value))
             continue
         if isinstance(value, list) and value and isinstance(value[0], BaseModel):
             value = [item.model_dump() for item in value]
-        extra = info.json_schema_extra
-        unit = extra.get("unit") if isinstance(extra, dict) else None
-        result[f"{prefix}.{name}"] = (value, unit if isinstance(unit, str) else None,
-                                      unknown.get(name))
+        result[dotted] = (value, unit, unknown.get(name))
     return result
+
+
+# While a recording is judged, the session's names are those of one environment that does not
+# change: built once (session_namespace_of), not once per record.
+_SESSION_NAMES: contextvars.ContextVar[
+    tuple[EnvironmentFacts, dict[str, tuple[Any, str | None, str | None]]] | None
+] = contextvars.ContextVar("gputrain_session_names", default=None)
+
+
+@contextlib.contextmanager
+def session_namespace_of(env: EnvironmentFacts) -> Iterator[None]:
+    """Within the block, ``session_namespace(env)`` is built once and copied."""
+    token = _SESSION_NAMES.set((env, _build_session_namespace(env)))
+    try:
+        yield
+    finally:
+        _SESSION_NAMES.reset(token)
 
 
 def session_namespace(env: EnvironmentFacts) -> dict[str, tuple[Any, str | None, str | None]]:
     """The names a session-scope rule can use: nvml.*, torch.*, host.*, env.*, tools.*."""
+    cached = _SESSION_NAMES.get()
+    if cached is not None and cached[0] is env:
+        return dict(cached[1])  # callers add their own names to it
+    return _build_session_namespace(env)
+
+
+def _build_session_namespace(env: EnvironmentFacts
+                             ) -> dict[str, tuple[Any, str | None, str | None]]:
     names: dict[str, tuple[Any, str | None, str | None]] = {}
     for prefix in ("nvml", "torch", "host", "env", "tools", "topology"):
         names.update(group_namespace(prefix, getattr(env, prefix)))

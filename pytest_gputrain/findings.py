@@ -7,10 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_gputrain import scopes
+from pytest_gputrain.severity import SEVERITY_RANK
 
 Severity = Literal["info", "warning", "error"]
-
-SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
 
 
 def _scope_schema(schema: dict[str, Any]) -> None:

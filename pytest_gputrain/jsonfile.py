@@ -13,6 +13,7 @@ surrogate, into text that prints (``\\ud800`` written out).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from pytest_gputrain.units import shown
 MAX_INT = 2**63
 _MAX_INT_CHARS = 20
 
+_LONG_DIGITS = re.compile(r"[0-9]{19}")  # 2**63 has 19 digits: anything shorter is in range
+_LARGE_EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")  # 1e400 is infinity; below e100 never is
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
@@ -40,6 +43,14 @@ def _bounded_int(text: str) -> int:
     value = int(text) if len(text) <= _MAX_INT_CHARS else None
     if value is None or not -MAX_INT <= value <= MAX_INT:
         raise _OutOfRange(f"the integer {shown(text)} is out of range (a fact is at most 2**63)")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OutOfRange(f"the number {shown(text)} is too large for a float (it would be "
+                          "infinity)")
     return value
 
 
@@ -87,8 +98,15 @@ def read_json(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise JsonFileError(f"{path}: not UTF-8 text (byte {exc.start} is "
                             f"{raw[exc.start]:#04x})") from None
+    del raw  # a large file is held once, as text, while it is parsed
+    # Integers are checked one by one only when a run of 19 or more digits appears anywhere
+    # (maybe in a string): every other integer is within range, and json's own C parser reads
+    # them several times faster than a Python hook per integer.
+    parse_int = _bounded_int if _LONG_DIGITS.search(text) else None
+    parse_float = _finite_float if _LARGE_EXPONENT.search(text) else None
     try:
-        data = json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+        data = json.loads(text, parse_int=parse_int, parse_float=parse_float,
+                          parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise JsonFileError(f"{path}: not valid JSON: {exc}") from None
     except _OutOfRange as exc:

@@ -9,6 +9,8 @@ feature declares its own table next to its hooks (``probe/plugin.py``, ``asserti
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 FAIL_ON = ("error", "warning", "never")
-REPORT_SUFFIXES = (".json", ".md")
+REPORT_FORMATS = ("json", "md")
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,13 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--gpu-diagnose", "gpu_diagnose", "diagnose the GPU environment and report findings "
-           "(header, findings table, reports); a run with no tests still diagnoses the machine",
+           "(header, findings table, reports); a run with no tests still diagnoses the machine. "
+           "Any other option of the diagnosis on the command line turns it on too",
            kind="bool", default=False),
     Option("--gpu-report", "gpu_report", "write the diagnosis to PATH: .json (versioned schema) "
-           "or .md (for CI summaries); repeatable", kind="args", default=[], metavar="PATH"),
+           "or .md (for CI summaries), or name the format: md:PATH, json:PATH; Markdown to "
+           "$GITHUB_STEP_SUMMARY is appended; repeatable; turns the diagnosis on",
+           kind="args", default=[], metavar="PATH"),
     Option("--gpu-fail-on", "gpu_fail_on", "fail the run when a finding reaches this severity: "
            "error (default), warning or never", default="error", metavar="LEVEL"),
     Option("--gpu-select", "gpu_select", "rule codes or prefixes to run, e.g. GT0 or GT007 "
@@ -48,8 +53,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-rules-dir", "gpu_rules_dirs", "extra folder of rule files (GT###-name.toml); "
            "repeatable", kind="args", default=[], metavar="DIR"),
     Option("--gpu-facts-out", "gpu_facts_out", "write the collected facts to PATH (JSON) for "
-           "`python -m pytest_gputrain replay PATH` on any machine", metavar="PATH"),
+           "`python -m pytest_gputrain replay PATH` on any machine; turns the diagnosis on",
+           metavar="PATH"),
 )
+# In the ini file these ask for output, so they turn the diagnosis on as well; the others only
+# tune a diagnosis that something else turns on.
+INI_TURNS_ON = ("gpu_report", "gpu_facts_out")
+# Markdown reports to this file (GitHub Actions' job summary of the step) are appended to it.
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+
+
+# The session's diagnosis (a ``diagnose.Diagnosis``), stored by the entry point when the
+# diagnosis runs. Kept here so that a feature can tell the diagnosis is off without importing it:
+# pytest imports every module it loads at start-up anew each run (the plugin's own modules are
+# rewritten for assertions), so what a plain run does not import, it does not pay for.
+DIAGNOSIS_KEY = pytest.StashKey[Any]()
+
+
+def diagnosing(config: pytest.Config) -> bool:
+    """Whether this session runs the diagnosis (``diagnose.diagnosis(config)`` is not None)."""
+    return DIAGNOSIS_KEY in config.stash
 
 
 GROUP = "gputrain"
@@ -82,37 +105,77 @@ def read(config: pytest.Config, ini: str) -> Any:
 
 
 @dataclass(frozen=True)
+class ReportTarget:
+    """One ``--gpu-report``: where, in which format, and whether to append (the step summary)."""
+
+    path: Path
+    format: str  # "json" or "md"
+    append: bool = False
+
+
+@dataclass(frozen=True)
 class Settings:
     diagnose: bool
-    reports: list[Path] = field(default_factory=list)
+    reports: list[ReportTarget] = field(default_factory=list)
     fail_on: str = "error"
     facts_out: Path | None = None
 
 
 def _resolve(config: pytest.Config, text: str) -> Path:
+    return resolve_path(text, Path(config.invocation_params.dir))
+
+
+def resolve_path(text: str, base: Path) -> Path:
     path = Path(text).expanduser()
-    return path if path.is_absolute() else Path(config.invocation_params.dir) / path
+    return path if path.is_absolute() else base / path
 
 
-def read_settings(config: pytest.Config) -> Settings:
-    """Validate the diagnosis options; a bad value is a UsageError that names it."""
+def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> ReportTarget:
+    """``report.json``, ``summary.md``, ``md:PATH`` or ``json:PATH``; ValueError if none."""
+    kind, sep, rest = text.partition(":")
+    if sep and kind.lower() in REPORT_FORMATS and rest:
+        form, path = kind.lower(), resolve_path(rest, base)
+    else:
+        path = resolve_path(text, base)
+        form = path.suffix.lower().removeprefix(".")
+        if form not in REPORT_FORMATS:
+            raise ValueError(
+                f"{text!r} must end in .json or .md, or name its format: md:PATH or json:PATH "
+                f"(e.g. --gpu-report=gpu-report.json, --gpu-report=md:${STEP_SUMMARY})")
+    summary = environ.get(STEP_SUMMARY)
+    append = (form == "md" and bool(summary)
+              and os.path.abspath(path) == os.path.abspath(resolve_path(str(summary), base)))
+    return ReportTarget(path, form, append)
+
+
+def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
+    """``--gpu-diagnose`` or ``gpu_diagnose``; any option of ``table`` on the command line;
+    or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``)."""
+    if read(config, "gpu_diagnose"):
+        return True
+    if any(config.getoption(option.ini, default=None) is not None for option in table):
+        return True
+    return any(config.getini(ini) for ini in INI_TURNS_ON)
+
+
+def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> Settings:
+    """Validate the diagnosis options, whether or not the diagnosis runs; a bad value is a
+    UsageError that names it. ``table``: every option of the diagnosis (the probe's too)."""
     fail_on = str(read(config, "gpu_fail_on") or "error").strip().lower()
     if fail_on not in FAIL_ON:
         raise pytest.UsageError(
             f"gpu_fail_on / --gpu-fail-on: {fail_on!r} is not one of {', '.join(FAIL_ON)}"
         )
     reports = []
+    base = Path(config.invocation_params.dir)
     for text in read(config, "gpu_report") or []:
-        path = _resolve(config, text)
-        if path.suffix.lower() not in REPORT_SUFFIXES:
-            raise pytest.UsageError(
-                f"gpu_report / --gpu-report: {text!r} must end in .json or .md "
-                "(e.g. --gpu-report=gpu-report.json)"
-            )
-        reports.append(path)
+        try:
+            reports.append(parse_report_target(str(text), base, os.environ))
+        except ValueError as exc:
+            raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
     facts_out = read(config, "gpu_facts_out")
     return Settings(
-        diagnose=bool(read(config, "gpu_diagnose")),
+        diagnose=diagnosis_requested(config, table),
         reports=reports,
         fail_on=fail_on,
         facts_out=_resolve(config, facts_out) if facts_out else None,

@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_gputrain import options
+from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
 from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
+    from pytest_gputrain.engine.config import RuleConfig
     from pytest_gputrain.engine.evaluate import RuleEngine
 
 # The features: each module declares its options, hooks and rule scopes, and keeps its own
@@ -28,7 +30,9 @@ FEATURES = (
     "pytest_gputrain.ladder.plugin",
     "pytest_gputrain.distributed.plugin",
 )
-pytest_plugins = FEATURES
+# The features' options that tune the diagnosis: on the command line they turn it on, as the
+# diagnosis's own do.
+DIAGNOSIS_FEATURE_OPTIONS = PROBE_OPTIONS
 
 
 def load_features() -> None:
@@ -43,51 +47,61 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     options.add_options(parser)
+    # The features are registered here, after the diagnosis's options (so `pytest --help` lists
+    # theirs next), rather than named in ``pytest_plugins``: pytest looks each name there up
+    # among the entry points of every installed distribution first, reading all their metadata
+    # once per name, which cost a plain run more than the features themselves.
+    for name in FEATURES:
+        if pluginmanager.get_plugin(name) is None and not pluginmanager.is_blocked(name):
+            pluginmanager.register(importlib.import_module(name), name)
 
 
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    settings = options.read_settings(config)
+    # Every value is checked whether or not the diagnosis runs: a typo is an error in any mode.
+    settings = options.read_settings(config, options.OPTIONS + DIAGNOSIS_FEATURE_OPTIONS)
+    rule_config = read_rule_config(config)
     if not settings.diagnose:
         return
     from pytest_gputrain.diagnose import (
-        DIAGNOSIS_KEY,
         PLUGIN_NAME,
         DiagnoseSession,
         Diagnosis,
         WorkerDiagnosis,
     )
 
-    engine = load_engine(config)
+    engine = load_engine(rule_config)
     # Workers run the tests: their features record, and the records go to the controller,
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
                           else DiagnoseSession(config, settings, engine))
-    config.stash[DIAGNOSIS_KEY] = session
+    config.stash[options.DIAGNOSIS_KEY] = session
     config.pluginmanager.register(session, PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_gputrain.diagnose import DIAGNOSIS_KEY
-
-    session = config.stash.get(DIAGNOSIS_KEY, None)
+    session = config.stash.get(options.DIAGNOSIS_KEY, None)
     if session is not None:
-        del config.stash[DIAGNOSIS_KEY]
+        del config.stash[options.DIAGNOSIS_KEY]
         config.pluginmanager.unregister(session)
 
 
-def load_engine(config: pytest.Config) -> RuleEngine:
-    """The rule engine with the project's settings; bad rule files or settings are usage errors."""
-    from pytest_gputrain.engine.config import SettingError, build_config
-    from pytest_gputrain.engine.evaluate import RuleEngine
-    from pytest_gputrain.engine.rules import RuleFileError
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
 
+
+def read_rule_config(config: pytest.Config) -> RuleConfig | None:
+    """The project's rule settings, checked for form (cheap: no rule is loaded); whether the
+    codes they name exist is checked when the rules load. None when none is set."""
     read = options.read
+    if not any(read(config, name) for name in RULE_SETTINGS):
+        return None
+    from pytest_gputrain.engine.config import SettingError, build_config
+
     try:
-        rule_config = build_config(
+        return build_config(
             select=read(config, "gpu_select"),
             ignore=read(config, "gpu_ignore"),
             severity=read(config, "gpu_severity"),
@@ -95,6 +109,17 @@ def load_engine(config: pytest.Config) -> RuleEngine:
             rules_dirs=read(config, "gpu_rules_dirs"),
             base_dir=Path(config.rootpath),
         )
+    except SettingError as exc:
+        raise pytest.UsageError(f"gputrain: {exc}") from None
+
+
+def load_engine(rule_config: RuleConfig | None) -> RuleEngine:
+    """The rule engine with the project's settings; bad rule files or settings are usage errors."""
+    from pytest_gputrain.engine.config import SettingError
+    from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.engine.rules import RuleFileError
+
+    try:
         return RuleEngine.load(rule_config)
     except (RuleFileError, SettingError) as exc:
         raise pytest.UsageError(f"gputrain: {exc}") from None

@@ -169,10 +169,12 @@ class MemoryFacts(FactGroup):
         "= allocated_stride (every step in short runs; at most 64 readings, evenly spaced)")
     allocated_stride: int | None = fact(doc="steps between two allocated_per_step readings")
     growth_steps: int | None = fact(doc="steps past warm-up spanned by the growth fit")
-    growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step")
+    growth_per_step: float | None = fact("bytes", "least-squares slope of allocated per step",
+                                         signed=True)
     growth_late_per_step: float | None = fact(
-        "bytes", "least-squares slope over the second half of the fitted readings")
-    growth_total: int | None = fact("bytes", "allocated at the last reading - at the first fitted")
+        "bytes", "least-squares slope over the second half of the fitted readings", signed=True)
+    growth_total: int | None = fact("bytes", "allocated at the last reading - at the first fitted",
+                                    signed=True)
     growth_rising_percent: float | None = fact(
         "%", "fitted readings where allocated rose since the reading before")
     steps_to_exhaust: float | None = fact(doc="steps until the budget is used up at this slope")
@@ -625,7 +627,7 @@ def failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
 def _failure_namespace(env: EnvironmentFacts, failure: FailureFacts,
                        related: scopes.Related) -> Namespace:
     # The failed test's run, when the probe recorded one (the last, should a test run twice).
-    runs = [run for run in related.get("run", ()) if run.nodeid == failure.nodeid]
+    runs = scopes.related_where(related, "run", "nodeid", failure.nodeid)
     return failure_namespace(env, failure, runs[-1] if runs else None)
 
 

@@ -44,6 +44,17 @@ MAX_SIZE = 2**60
 MAX_SIZE_TEXT = "1 EiB (2**60 bytes)"
 
 
+# C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (an escape
+# sequence that clears the screen, moves the cursor, rewrites the title) rather than prints.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every terminal control character written out (``\\x1b``), so that a
+    string from a facts file, a rule file or the environment prints as itself."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def shown(value: object, limit: int = 40) -> str:
     """``repr(value)`` cut to a readable length, for error messages.
 

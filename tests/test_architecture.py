@@ -18,14 +18,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 # Bottom to top; a module may import its own layer and the layers below it. Keys are the names
 # under pytest_gputrain ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("vocabulary", frozenset({"", "units", "jsonfile", "scopes", "facts", "findings", "options",
-                              "xdist", "hookspecs"})),
+    ("vocabulary", frozenset({"", "units", "jsonfile", "scopes", "facts", "findings", "severity",
+                              "options", "xdist", "hookspecs"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
     ("features", frozenset({"assertions", "probe", "run_facts", "regression", "ladder",
                             "distributed"})),
-    ("entry", frozenset({"plugin", "cli", "__main__"})),
+    ("entry", frozenset({"plugin", "cli", "__main__", "project_settings"})),
 )
 # Each feature stands on the core alone: it imports no other feature.
 FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe",

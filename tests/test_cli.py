@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -190,3 +191,185 @@ def test_head_takes_its_lines_and_the_rest_stops_quietly() -> None:
                             capture_output=True, text=True, check=False)
     assert result.stdout.startswith("GT007")
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+
+
+# -- the project's settings, as pytest reads them ----------------------------------------------
+
+PROJECT_RULE = """
+code = "GT901"
+name = "few-cpus"
+title = "Few CPUs for the GPUs"
+scope = "session"
+severity = "warning"
+condition = "host.cpu_count_logical < params.min_cpus"
+message = "only {host.cpu_count_logical} CPUs"
+fix = "use a bigger runner"
+why = "data loading"
+[params]
+min_cpus = 4
+"""
+
+
+def project(tmp_path: Path, ini_name: str, ini_text: str) -> Path:
+    """A project with its rules folder (GT901, and GT902 that always fires) and its settings
+    in ``ini_name``; its tests folder."""
+    (tmp_path / "ci-rules").mkdir(parents=True)
+    (tmp_path / "ci-rules" / "GT901-few-cpus.toml").write_text(PROJECT_RULE)
+    (tmp_path / "ci-rules" / "GT902-always.toml").write_text(
+        PROJECT_RULE.replace("GT901", "GT902").replace("few-cpus", "always").replace(
+            "host.cpu_count_logical < params.min_cpus", "devices.count >= 0"))
+    (tmp_path / ini_name).write_text(ini_text)
+    (tmp_path / "tests").mkdir()
+    return tmp_path / "tests"
+
+
+def replay_in(directory: Path, path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_gputrain", "replay", str(path),
+                           "--format", "json", *args], capture_output=True, text=True,
+                          check=False, cwd=directory)
+
+
+@pytest.mark.parametrize(("ini_name", "ini_text"), [
+    ("pyproject.toml", '[tool.pytest.ini_options]\ngpu_rules_dirs = ["ci-rules"]\n'
+                       'gpu_ignore = ["GT902"]\ngpu_severity = ["GT003=warning"]\n'
+                       'gpu_rule_params = ["GT901.min_cpus=64"]\ngpu_fail_on = "warning"\n'),
+    ("pytest.ini", "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
+                   "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+                   "gpu_fail_on = warning\n"),
+    ("tox.ini", "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
+                "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+                "gpu_fail_on = warning\n"),
+    ("setup.cfg", "[tool:pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
+                  "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+                  "gpu_fail_on = warning\n"),
+])
+def test_replay_reads_the_project_settings_as_pytest_does(
+        tmp_path: Path, ini_name: str, ini_text: str) -> None:
+    """From a folder inside the project, as `pytest --gpu-diagnose` run there would."""
+    tests = project(tmp_path / "project", ini_name, ini_text)
+    result = replay_in(tests, FACTS / "h200x2_hidden_recorded.json")
+    assert result.returncode == 1, result.stderr  # GT003, now a warning, reaches gpu_fail_on
+    findings = json.loads(result.stdout)["findings"]
+    assert [(f["code"], f["severity"]) for f in findings] == [("GT003", "warning"),
+                                                                ("GT901", "warning")]
+    assert findings[1]["message"].startswith("only ")
+    # The command line still wins, as in pytest.
+    overridden = replay_in(tests, FACTS / "h200x2_hidden_recorded.json", "--fail-on", "never",
+                           "--ignore", "GT0")
+    assert overridden.returncode == 0, overridden.stderr
+    assert [f["code"] for f in json.loads(overridden.stdout)["findings"]] == ["GT901", "GT902"]
+
+
+def test_rules_and_explain_read_the_project_settings_and_take_rootdir_and_c(
+        tmp_path: Path) -> None:
+    tests = project(tmp_path / "project", "pytest.ini",
+                    "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT0\n")
+
+    def run(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest_gputrain", *args],
+                              capture_output=True, text=True, check=False, cwd=directory)
+
+    listed = run(tests, "rules")
+    assert listed.returncode == 0, listed.stderr
+    codes = [line.split()[0] for line in listed.stdout.splitlines()[2:]]
+    assert "GT901" in codes and not any(code.startswith("GT0") for code in codes)
+    assert "min_cpus = 4" in run(tests, "explain", "GT901").stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert "GT901" not in run(elsewhere, "rules").stdout  # no project here
+    assert "GT901" in run(elsewhere, "rules", "--rootdir", str(tmp_path / "project"),
+                          "-c", str(tmp_path / "project" / "pytest.ini")).stdout
+    broken = run(elsewhere, "rules", "-c", str(tmp_path / "missing.ini"))
+    assert broken.returncode == 2
+    assert "pytest could not read the project's configuration" in broken.stderr
+
+
+@pytest.mark.parametrize(("where", "value", "message"), [
+    ("environment.devices.0.memory_total", True, "Input should be a valid integer"),
+    ("environment.devices.0.memory_total", -1, "greater than or equal to 0"),
+    ("environment.devices.0.memory_total", "80000000000", "Input should be a valid integer"),
+    ("environment.devices.0.temperature", True, "Input should be a valid number"),
+    ("environment.host.shm_total", -4096, "greater than or equal to 0"),
+    ("environment.host.cpu_count_logical", False, "Input should be a valid integer"),
+    ("runs.0.memory.peak_allocated", -5, "greater than or equal to 0"),
+    ("runs.0.step_time", "0.02", "Input should be a valid number"),
+])
+def test_booleans_strings_and_negative_sizes_are_refused(
+        tmp_path: Path, where: str, value: object, message: str) -> None:
+    data = json.loads((FACTS / "run_healthy_h200.json").read_text())
+    *parents, last = where.split(".")
+    target: object = data
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]  # type: ignore[index]
+    assert isinstance(target, dict) and last in target
+    target[last] = value
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    result = replay(path)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_run_may_shrink_its_memory(tmp_path: Path) -> None:
+    """A growth is a difference: negative is a fact, not an error."""
+    data = json.loads((FACTS / "run_healthy_h200.json").read_text())
+    data["runs"][0]["memory"]["growth_total"] = -2048
+    data["runs"][0]["memory"]["growth_per_step"] = -12.5
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    assert replay(path).returncode == 0
+
+
+def test_terminal_control_characters_are_written_out(tmp_path: Path) -> None:
+    data = json.loads((FACTS / "h200x2_hidden_recorded.json").read_text())
+    data["environment"]["devices"][0]["name"] = "NVIDIA H200\x1b[2J\x1b]0;pwned\x07\x9b"
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    for fmt in ("text", "md"):
+        result = replay(path, "--format", fmt)
+        assert result.returncode == 1, result.stderr
+        assert "NVIDIA H200\\x1b[2J\\x1b]0;pwned\\x07\\x9b" in result.stdout
+        assert not any(char in result.stdout for char in "\x1b\x07\x9b")
+
+
+def test_judging_a_recording_is_linear_in_its_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each failure finds its run through an index, and the session's names are built once:
+    a look-up per failure over every run made 20,000 failures quadratic."""
+    from pytest_gputrain import facts as facts_module
+    from pytest_gputrain import run_facts, scopes
+    from pytest_gputrain.cli import load_facts
+    from pytest_gputrain.engine.evaluate import RuleEngine
+
+    data = json.loads((FACTS / "run_failure_h200.json").read_text())
+    count = 300
+    for key in ("runs", "failures"):
+        data[key] = [{**data[key][0], "nodeid": f"t.py::t[{i}]"} for i in range(count)]
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"gputrain-linear-{os.getpid()}.json"
+    path.write_text(json.dumps(data))
+    try:
+        recording = load_facts(path)
+    finally:
+        path.unlink()
+    engine = RuleEngine.load()  # loading checks the rules' names on empty records: not counted
+    looked_at: list[object] = []
+    built: list[object] = []
+    runs_found: list[str] = []
+    real_getitem = scopes.Records.__getitem__
+    real_build = facts_module._build_session_namespace
+    real_failure_namespace = run_facts.failure_namespace
+
+    def failure_namespace(env: Any, failure: Any, run: Any = None) -> Any:
+        assert run is not None and run.nodeid == failure.nodeid
+        runs_found.append(run.nodeid)
+        return real_failure_namespace(env, failure, run)
+
+    monkeypatch.setattr(scopes.Records, "__getitem__",
+                        lambda self, index: looked_at.append(index) or real_getitem(self, index))
+    monkeypatch.setattr(facts_module, "_build_session_namespace",
+                        lambda env: built.append(env) or real_build(env))
+    monkeypatch.setattr(run_facts, "failure_namespace", failure_namespace)
+    engine.evaluate_records(recording)
+    assert sorted(runs_found) == sorted(f"t.py::t[{i}]" for i in range(count))
+    assert len(looked_at) <= 4 * count  # each record once, and each failure's run once
+    assert len(built) == 1

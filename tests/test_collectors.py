@@ -9,22 +9,39 @@ from pytest_gputrain.collect.environment_variables import read_environment
 from pytest_gputrain.collect.host import read_host
 from pytest_gputrain.collect.toolkit import read_toolkit
 
+SECRETS = {"NCCL_IB_Password": "pw-1", "NCCL_API_KEY": "key-2", "NCCL_APIKEY": "key-3",
+           "NCCL_AUTH": "auth-4", "NCCL_CREDENTIALS": "cred-5",
+           "NCCL_PRIVATE_KEY_FILE": "/secrets/key-6.pem", "NCCL_COMM_ID_PASSWORD": "hunter2",
+           "TORCH_HUB_TOKEN": "tok-7", "CUDA_SOMETHING_NEW": "unreviewed-8"}
 
-def test_only_relevant_variables_are_read_and_secrets_never() -> None:
+
+def test_only_settings_keep_their_values_every_other_is_redacted() -> None:
     facts = read_environment({
         "CUDA_VISIBLE_DEVICES": "1,0", "CUDA_LAUNCH_BLOCKING": "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_P2P_DISABLE": "1",
-        "NCCL_COMM_ID_PASSWORD": "hunter2", "NCCL_API_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
-        "HOME": "/root", "WANDB_API_KEY": "k",
+        "TORCH_NCCL_BLOCKING_WAIT": "1", "AWS_SECRET_ACCESS_KEY": "s", "HOME": "/root",
+        "WANDB_API_KEY": "k", **SECRETS,
     })
     assert facts.variables == {
         "CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "1,0", "NCCL_P2P_DISABLE": "1",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    assert facts.nccl_variables == {"NCCL_P2P_DISABLE": "1"}
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "TORCH_NCCL_BLOCKING_WAIT": "1",
+        **{name: "<redacted>" for name in SECRETS}}
+    assert facts.nccl_variables == {
+        "NCCL_P2P_DISABLE": "1", **{name: "<redacted>" for name in SECRETS
+                                    if name.startswith("NCCL_")}}
     assert facts.cuda_launch_blocking is True
     assert facts.cuda_visible_devices == "1,0"
     assert read_environment({"CUDA_LAUNCH_BLOCKING": "0"}).cuda_launch_blocking is False
     assert read_environment({}).cuda_visible_devices is None
+
+
+def test_the_launch_record_uses_the_same_filter() -> None:
+    from pytest_gputrain.distributed.record import nccl_environment
+
+    assert nccl_environment({"NCCL_DEBUG": "WARN", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                             "CUDA_VISIBLE_DEVICES": "0", **SECRETS}) == {
+        "NCCL_DEBUG": "WARN", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        **{name: "<redacted>" for name in SECRETS if name.startswith("NCCL_")}}
 
 
 @pytest.mark.parametrize(("environ", "disabled"), [

@@ -43,9 +43,11 @@ def test_lone_surrogates_are_written_out_in_keys_values_and_deep_inside(tmp_path
     ("[" + str(MAX_INT + 1) + "]", "the integer '9223372036854775809' is out of range"),
     ("[-" + "9" * 100 + "]", "the integer '-999999999999999999999999999999999999999'..."),
     ('{"a": Infinity}', "Infinity is not a JSON number"),
+    ('{"a": 1e400}', "the number '1e400' is too large for a float (it would be infinity)"),
+    ('{"a": [1.0, -2E+308]}', "the number '-2E+308' is too large for a float"),
     ("[1,", "not valid JSON: Expecting value: line 1 column 4 (char 3)"),
     (b'{"a": "\xff"}', "not UTF-8 text (byte 7 is 0xff)"),
-], ids=["deep", "int64+1", "100-digits", "infinity", "cut-short", "latin-1"])
+], ids=["deep", "int64+1", "100-digits", "infinity", "1e400", "-2e308", "cut-short", "latin-1"])
 def test_what_json_loads_would_crash_on_or_accept_wrongly_is_an_error_naming_the_file(
         tmp_path: Path, content: str | bytes, message: str) -> None:
     path = write(tmp_path, content)
@@ -59,3 +61,11 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
         read_json(tmp_path / "missing.json")
     with pytest.raises(JsonFileError, match="cannot be read: Is a directory"):
         read_json(tmp_path)
+
+
+def test_numbers_within_range_read_on_json_s_fast_path(tmp_path: Path) -> None:
+    """Long digit runs inside strings send the file to the checked path, which agrees."""
+    for text in ('{"a": [1, -22, 9223372036854775807, 1.5e300, 2.5e-400]}',
+                 '{"id": "run 12345678901234567890", "a": [1, 1.5e300]}'):
+        data = read_json(write(tmp_path, text))
+        assert data["a"][0] == 1 and isinstance(data["a"][0], int)

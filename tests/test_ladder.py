@@ -175,3 +175,51 @@ def test_ladder_table_goes_into_the_reports(pytester: pytest.Pytester, use_facts
     assert section["rungs"][0]["batch_size"] == 8
     markdown = (pytester.path / "r.md").read_text()
     assert "### ladder: toy" in markdown and "| CPU fp32 short run" in markdown
+
+
+def test_ladder_rows_of_xdist_workers_reach_the_table_and_the_reports(
+        pytester: pytest.Pytester) -> None:
+    """Rungs run on the workers (the sample project recommends -n 4); the controller prints the
+    table and writes the section, with every worker's rows."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        """
+        import os
+
+        import pytest
+        import torch
+        from pytest_gputrain.ladder import LadderSpec
+
+        def batches(size):
+            while True:
+                yield torch.randn(size, 4), torch.zeros(size, dtype=torch.long)
+
+        def step(model, batch, optimizer, device, precision):
+            loss = torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+            optimizer.zero_grad(); loss.backward(); optimizer.step()
+            return loss.detach()
+
+        SPEC = LadderSpec("toy", lambda: torch.nn.Linear(4, 2),
+                          lambda m: torch.optim.SGD(m.parameters(), lr=0.1), batches, step)
+
+        @pytest.mark.parametrize("batch", [8, 16, 24, 32])
+        def test_rung(gpu_ladder, batch):
+            gpu_ladder(SPEC).short_run("cpu", batch_size=batch, steps=3, warmup=1)
+            print("WORKER", os.environ["PYTEST_XDIST_WORKER"])
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "-rA",
+                                           "--gpu-report=r.json", "--gpu-report=r.md",
+                                           "--gpu-fail-on=never")
+    result.assert_outcomes(passed=4)
+    workers = {line.split()[-1] for line in result.stdout.lines if line.startswith("WORKER gw")}
+    assert workers == {"gw0", "gw1"}, "the tests did not spread over both workers"
+    result.stdout.fnmatch_lines(["*gputrain readiness ladder: toy*",
+                                 "run*batch*step time*"])
+    table = [line for line in result.stdout.lines if line.startswith("CPU fp32 short run")]
+    assert sorted(int(line.split()[4]) for line in table) == [8, 16, 24, 32]
+    import json
+
+    section = json.loads((pytester.path / "r.json").read_text())["sections"]["ladder: toy"]
+    assert sorted(rung["batch_size"] for rung in section["rungs"]) == [8, 16, 24, 32]
+    assert "### ladder: toy" in (pytester.path / "r.md").read_text()

@@ -470,6 +470,61 @@ def test_foreign_or_corrupt_store_left_untouched(project: pytest.Pytester, optio
     assert sorted(p.name for p in path.parent.iterdir()) == listing
 
 
+def test_store_folder_taken_by_a_file_is_a_usage_error(project: pytest.Pytester) -> None:
+    blocker = project.path / ".gputrain"
+    blocker.write_text("notes\n")
+    result = project.runpytest("-p", "no:cacheprovider", "--gpu-save=x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu_store: cannot create the folder of the benchmark store "
+                                 "*.gputrain: *.gputrain is a file, not a folder. Set gpu_store*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert blocker.read_text() == "notes\n"
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's /sys")
+def test_store_in_a_folder_that_refuses_writes_is_a_usage_error(
+        project: pytest.Pytester) -> None:
+    # A rootdir on a read-only file system: /sys refuses new folders even to root.
+    result = project.runpytest("-p", "no:cacheprovider", "--gpu-save=x",
+                               "--gpu-store=/sys/gputrain-test/benchmarks.sqlite")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu_store: cannot create the benchmark store "
+                                 "/sys/gputrain-test/benchmarks.sqlite: /sys is not writable*"])
+
+
+def test_store_that_cannot_be_written_at_the_end_is_reported(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder is taken by a file while the tests run: a clear line, the summary kept."""
+    project.makepyfile(test_zz_block="""
+        from pathlib import Path
+
+        def test_block_the_store(request):
+            (Path(str(request.config.rootpath)) / ".gputrain").write_text("in the way")
+    """)
+    result = run(project, monkeypatch, "--gpu-save=x")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*benchmark store error: cannot create the folder of the "
+                                 "benchmark store*.gputrain is a file, not a folder*",
+                                 "*4 passed*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("version", ["'one'", "1.5"])
+def test_store_with_a_schema_version_not_a_number_is_a_usage_error(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    run(project, monkeypatch, "--gpu-save=main")
+    connection = sqlite3.connect(store_path(project))
+    connection.execute(f"UPDATE gputrain_schema SET version = {version}")
+    connection.commit()
+    connection.close()
+    result = project.runpytest("-p", "no:cacheprovider", "--gpu-compare=main")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu_store: *benchmarks.sqlite: damaged pytest-gputrain store "
+                                 "(its schema version * is not a whole number); it was left "
+                                 "untouched*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_xdist_workers_results_saved(project: pytest.Pytester) -> None:
     project.makepyfile(test_more="""
         import pytest

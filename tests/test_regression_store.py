@@ -183,6 +183,56 @@ def test_newer_schema_refused_untouched(location: Location) -> None:
     assert rows[0][0] == 1  # the saved run is still there
 
 
+@pytest.mark.parametrize("version", ["'one'", "1.5", "NULL"])
+def test_schema_version_that_is_not_a_whole_number_is_refused(location: Location,
+                                                                version: str) -> None:
+    with open_store(location) as store:
+        store.save_run("a", FINGERPRINT, "h", None, [record("t::a")])
+    if isinstance(location, Path):
+        if version == "NULL":  # the column is NOT NULL: rebuild the marker table without it
+            raw_execute(location, "DROP TABLE gputrain_schema",
+                        "CREATE TABLE gputrain_schema (application TEXT, version, created_at)",
+                        "INSERT INTO gputrain_schema VALUES ('pytest-gputrain', NULL, 'now')")
+        else:
+            raw_execute(location, f"UPDATE gputrain_schema SET version = {version}")
+    else:
+        raw_execute(location,
+                    "ALTER TABLE gputrain.gputrain_schema ALTER COLUMN version TYPE TEXT",
+                    "ALTER TABLE gputrain.gputrain_schema ALTER COLUMN version DROP NOT NULL",
+                    f"UPDATE gputrain.gputrain_schema SET version = {version}")
+    before = snapshot(location)
+    for attempt in (inspect, open_store):
+        with pytest.raises(StoreError, match=r"damaged pytest-gputrain store \(its schema "
+                                             r"version .* is not a whole number\).*untouched"):
+            attempt(location)
+    assert snapshot(location) == before
+
+
+def test_a_store_that_cannot_be_created_is_a_store_error(tmp_path: Path) -> None:
+    from pytest_gputrain.regression.store_backends import check_creatable
+
+    (tmp_path / ".gputrain").write_text("a file where the store's folder goes\n")
+    path = tmp_path / ".gputrain" / "benchmarks.sqlite"
+    assert inspect(path) == "missing"
+    for attempt in (check_creatable, open_store):
+        with pytest.raises(StoreError, match=r"\.gputrain is a file, not a folder"):
+            attempt(path)
+    assert (tmp_path / ".gputrain").read_text() == "a file where the store's folder goes\n"
+    check_creatable(tmp_path / "new" / "benchmarks.sqlite")
+    assert sorted(tmp_path.iterdir()) == [tmp_path / ".gputrain"]  # the probe left nothing
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's /sys")
+def test_a_folder_that_refuses_writes_is_a_store_error() -> None:
+    # /sys refuses new folders even to root, where a chmod 555 folder would not.
+    from pytest_gputrain.regression.store_backends import check_creatable
+
+    path = Path("/sys/gputrain-test/benchmarks.sqlite")
+    for attempt in (check_creatable, open_store):
+        with pytest.raises(StoreError, match=r"(not writable|cannot create).*/sys"):
+            attempt(path)
+
+
 def test_foreign_tables_refused_untouched(location: Location) -> None:
     if isinstance(location, Path):
         location.parent.mkdir(parents=True, exist_ok=True)

@@ -200,7 +200,11 @@ def test_no_gpu_means_no_pinning_and_a_note(pytester: pytest.Pytester,
 
 
 def test_a_worker_that_touched_cuda_before_pinning_says_so_in_one_line(
-        pytester: pytest.Pytester, capfd: pytest.CaptureFixture[str]) -> None:
+        pytester: pytest.Pytester, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The inner run's controller is this process: when this suite itself runs under xdist it
+    # must not look like a worker to the conftest below.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     fake_project(pytester, "gpu_inventory(count=2)")
     # A conftest that initialises CUDA at import, after changing the variable: the worker's
     # pinning comes too late for it.

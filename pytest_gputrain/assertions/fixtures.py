@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_gputrain.assertions.plugin import GpuAssertions
+    from pytest_gputrain.assertions.runtime import GpuAssertions
     from pytest_gputrain.collect.sampler import NvmlSampler
 
 PLUGIN_NAME = "gputrain-assertions"
@@ -20,7 +20,8 @@ PLUGIN_KEY = pytest.StashKey["GpuAssertions"]()
 
 def _plugin(request: pytest.FixtureRequest) -> GpuAssertions:
     plugin = request.config.stash.get(PLUGIN_KEY, None)
-    if plugin is None:  # pragma: no cover - the plugin registers itself in pytest_configure
+    if plugin is None:  # pragma: no cover - registered when collection finds a GPU test, and
+        # before any test runs
         raise RuntimeError("pytest-gputrain's assertions plugin is not registered")
     return plugin
 

@@ -1,7 +1,8 @@
 """The GPU markers' arguments, parsed and validated into typed specs at collection.
 
 Import-light (stdlib and ``units`` only): this runs for every collected test that carries a GPU
-marker or fixture, and is imported when the plugin loads. A bad argument raises ``MarkerError``
+marker or fixture, and is imported when collection finds the first (the names and help lines
+pytest needs at start-up are in ``marker_names``). A bad argument raises ``MarkerError``
 whose message names the marker, the value and a valid example; the plugin prefixes the test id
 and turns it into a usage error.
 """
@@ -14,6 +15,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.assertions.marker_names import GPU as GPU
+from pytest_gputrain.assertions.marker_names import GPU_FIXTURES as GPU_FIXTURES
+from pytest_gputrain.assertions.marker_names import GPU_MARKERS as GPU_MARKERS
+from pytest_gputrain.assertions.marker_names import MARKER_HELP as MARKER_HELP
+from pytest_gputrain.assertions.marker_names import MAX_VRAM as MAX_VRAM
+from pytest_gputrain.assertions.marker_names import MIN_UTILIZATION as MIN_UTILIZATION
+from pytest_gputrain.assertions.marker_names import REQUIRES_CUDA as REQUIRES_CUDA
 from pytest_gputrain.units import (
     NUMBER_PATTERN,
     format_bytes,
@@ -22,33 +30,8 @@ from pytest_gputrain.units import (
     shown,
 )
 
-REQUIRES_CUDA = "requires_cuda"
-MAX_VRAM = "max_vram"
-MIN_UTILIZATION = "min_utilization"
-GPU = "gpu"
-GPU_MARKERS = (REQUIRES_CUDA, MAX_VRAM, MIN_UTILIZATION, GPU)
-GPU_FIXTURES = ("gpu", "gpu_monitor")
 MEASURES = ("allocated", "reserved", "device")
 DEFAULT_INTERVAL = 0.05
-
-#: ``markers`` ini lines, registered by the plugin (shown by ``pytest --markers``).
-MARKER_HELP: tuple[str, ...] = (
-    "gpu: a GPU test (added to every test with a GPU marker or the gpu/gpu_monitor fixtures, so "
-    "`-m gpu` / `-m 'not gpu'` select them); skipped when no CUDA GPU is usable, failed instead "
-    "with --gpu-required.",
-    "requires_cuda(min_devices=1, min_capability=None, min_total_vram=None, min_free_vram=None, "
-    "bf16=False, min_torch=None, min_driver=None): skip unless a CUDA GPU meets every condition, "
-    "with the unmet one as the reason. min_capability=(8, 0) or \"8.0\"; sizes such as \"24GiB\"; "
-    "min_free_vram is free now, after other processes; min_torch=\"2.1\"; min_driver=\"535\". "
-    "Adds the gpu marker.",
-    "max_vram(limit, measure=\"allocated\"): fail the test when its peak GPU memory exceeds "
-    "limit (\"6GiB\", \"6 GB\", 6e9). measure: allocated (torch.cuda.max_memory_allocated, "
-    "default), reserved (caching allocator) or device (NVML: this process's memory, sampled). "
-    "The failure shows the peak, the excess and the top allocations. Adds the gpu marker.",
-    "min_utilization(percent, warmup=0, interval=0.05): fail the test when the mean GPU "
-    "utilization (NVML, sampled every interval seconds over the call phase, after warmup "
-    "seconds) is below percent (70 or \"70%\"). Adds the gpu marker.",
-)
 
 
 class MarkerError(ValueError):

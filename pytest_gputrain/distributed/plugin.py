@@ -13,25 +13,25 @@ of that scope (GT301-GT308) are evaluated on them where the test ran, and the fi
 test's report section "gputrain diagnosis" and to the session's findings and JSON report
 (``sections["distributed"]``; under xdist the records reach the controller with the others).
 A test that wraps a model in ``nn.DataParallel`` in its own process is recorded too (GT304).
+That part is ``diagnosis.py``, loaded only when the diagnosis runs.
 
 Importing this module imports neither torch nor pydantic.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import scopes
+from pytest_gputrain import options, scopes
 
 if TYPE_CHECKING:
-    from pytest_gputrain.diagnose import Diagnosis
+    from pytest_gputrain.distributed.diagnosis import (  # noqa: F401 (stash key type)
+        DistributedDiagnosis,
+    )
 
-SECTION = "gputrain diagnosis"
 MARKER = "distributed"
 SCOPE = "distributed"
 PLUGIN_NAME = "gputrain-distributed"
@@ -48,11 +48,15 @@ def pytest_configure(config: pytest.Config) -> None:
         " run the test function on world_size ranks, one process each (NCCL on GPUs, gloo on "
         "CPU); fixture values are pickled to the ranks; the test fails if any rank fails or "
         "the ranks hang past timeout seconds")
+    if not options.diagnosing(config):
+        return
     from pytest_gputrain.diagnose import diagnosis
 
     session = diagnosis(config)
     if session is None:
         return
+    from pytest_gputrain.distributed.diagnosis import DistributedDiagnosis
+
     plugin = DistributedDiagnosis(config, session)
     config.stash[PLUGIN_KEY] = plugin
     config.pluginmanager.register(plugin, PLUGIN_NAME)
@@ -64,108 +68,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if plugin is not None:
         del config.stash[PLUGIN_KEY]
         config.pluginmanager.unregister(plugin)
-
-
-class ItemRecorder:
-    """Collects the launches (and DataParallel use) of one test while it runs."""
-
-    def __init__(self, nodeid: str, probe: bool) -> None:
-        self.nodeid = nodeid
-        self.probe = probe
-        self.facts: list[Any] = []
-        self.data_parallel_devices = 0
-
-    def record(self, facts: Any) -> None:
-        if getattr(facts, "test", None) is None:
-            facts.test = self.nodeid
-        self.facts.append(facts)
-
-
-def _patch_data_parallel(recorder: ItemRecorder) -> Callable[[], None]:
-    """Count the GPUs of any nn.DataParallel the test builds in its own process."""
-    torch = sys.modules.get("torch")
-    parallel = getattr(getattr(torch, "nn", None), "DataParallel", None)
-    if parallel is None:
-        return lambda: None
-    original = parallel.__init__
-
-    @functools.wraps(original)
-    def init(module: Any, *args: Any, **kwargs: Any) -> None:
-        original(module, *args, **kwargs)
-        count = len(getattr(module, "device_ids", None) or [])
-        recorder.data_parallel_devices = max(recorder.data_parallel_devices, count)
-
-    parallel.__init__ = init
-
-    def restore() -> None:
-        parallel.__init__ = original
-
-    return restore
-
-
-_RECORDER = pytest.StashKey[ItemRecorder]()
-
-
-class DistributedDiagnosis:
-    """Registered under --gpu-diagnose, in every process that runs tests: records each test's
-    launches and judges them there (the records reach the xdist controller with the others)."""
-
-    def __init__(self, config: pytest.Config, session: Diagnosis) -> None:
-        self.config = config
-        self.session = session
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
-                                ) -> Generator[None]:
-        # By module path, as the fixture imports launch(): a package attribute can outlive the
-        # module in sys.modules (pytester's in-process runs forget modules they imported).
-        from pytest_gputrain.distributed.launcher import reset_recorder, set_recorder
-
-        recorder = ItemRecorder(item.nodeid, probe=True)
-        item.stash[_RECORDER] = recorder
-        token = set_recorder(recorder)
-        restore = _patch_data_parallel(recorder)
-        try:
-            yield
-        finally:
-            restore()
-            reset_recorder(token)
-
-    # The outermost wrapper: its text follows the probe's in the test's diagnosis section.
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
-                                  ) -> Generator[None, Any, None]:
-        outcome = yield
-        recorder = item.stash.get(_RECORDER, None)
-        if recorder is None or call.when != "call":
-            return
-        launches = list(recorder.facts)
-        if recorder.data_parallel_devices:
-            from pytest_gputrain.distributed.report import in_process_facts
-
-            launches.append(in_process_facts(item.nodeid, recorder.data_parallel_devices))
-        if not launches:
-            return
-        from pytest_gputrain.distributed.report import section_text
-
-        engine, env = self.session.engine, self.session.environment
-        recorded, findings = [], []
-        for facts in launches:
-            # Judged as recorded: the session's findings (and a replay's) come from these.
-            facts = self.session.add_record(SCOPE, facts)
-            recorded.append(facts)
-            findings.extend(engine.evaluate_record(SCOPE, env, facts))
-        text = section_text(recorded, findings)
-        if text:
-            _add_section(outcome.get_result(), text)
-
-
-def _add_section(report: pytest.TestReport, text: str) -> None:
-    for index, (title, content) in enumerate(report.sections):
-        if title == SECTION:
-            report.sections[index] = (title, content.rstrip("\n") + "\n" + text)
-            return
-    report.sections.append((SECTION, text))
 
 
 # ------------------------------------------------------------------------------------------

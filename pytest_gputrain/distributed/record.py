@@ -105,7 +105,7 @@ class LaunchRecord:
     collective_timeout: float
     probe: bool
     duration: float  # seconds, first rank started to last rank ended
-    nccl_env: Mapping[str, str]  # NCCL_*/TORCH_NCCL_* the ranks ran with, credentials left out
+    nccl_env: Mapping[str, str]  # NCCL_*/TORCH_NCCL_* the ranks ran with, others' values redacted
     ranks: list[RankRecord]
     timed_out: bool = False
     failed_rank: int | None = None  # the rank whose failure the launch reports
@@ -167,10 +167,11 @@ def conclude(settings: LaunchSettings, ranks: list[RankRecord], *, duration: flo
 
 
 def nccl_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The NCCL and torch-NCCL variables, through the collector's credential filter."""
-    from pytest_gputrain.collect.environment_variables import matching_variables
+    """The NCCL and torch-NCCL variables, through the collector's filter: values of settings
+    it does not know are ``<redacted>``."""
+    from pytest_gputrain.collect.environment_variables import relevant_variables
 
-    return matching_variables(environ, NCCL_PREFIXES)
+    return relevant_variables(environ, NCCL_PREFIXES)
 
 
 def one_line(text: object, limit: int = 300) -> str:

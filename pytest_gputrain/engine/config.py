@@ -15,11 +15,17 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_gputrain.engine.rules import CODE_RE, Rule, RuleFileError
-from pytest_gputrain.findings import SEVERITY_RANK
+from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import parse_percent, parse_size, shown
+
+if TYPE_CHECKING:
+    from pytest_gputrain.engine.rules import Rule
+
+# Every rule's code, shipped or a project's: GT and three digits (project rules use GT9xx).
+# Light on purpose: build_config checks settings at pytest start-up, before any rule loads.
+CODE_RE = re.compile(r"^GT[0-9]{3}$")
 
 
 class SettingError(ValueError):
@@ -53,13 +59,16 @@ def split_words(values: list[str] | str | None) -> list[str]:
     return words
 
 
+_PREFIX_RE = re.compile(r"^G(T[0-9]{0,3})?$")
+
+
 def _check_prefix(setting: str, prefix: str) -> str:
     prefix = prefix.strip().upper()
     if prefix == "ALL":
         return ""
-    if not prefix or not prefix[:2].isalpha() or not prefix.isalnum():
+    if not _PREFIX_RE.match(prefix):
         raise SettingError(
-            f"{setting}: {prefix!r} is not a rule code or code prefix (e.g. GT007 or GT0)"
+            f"{setting}: {shown(prefix)} is not a rule code or code prefix (e.g. GT007 or GT0)"
         )
     return prefix
 
@@ -146,14 +155,24 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
 
 
 def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
-    """Check the settings against the loaded rules; return the enabled rules with overrides."""
+    """Check the settings against the loaded rules; return the enabled rules with overrides.
+
+    A code or prefix that names no rule is an error (a typo would otherwise select or ignore
+    nothing, silently), and so is a selection that leaves no rule to run.
+    """
     from dataclasses import replace
 
     by_code = {rule.code: rule for rule in rules}
     for setting, codes in (("gpu_severity", config.severity), ("gpu_rule_params", config.params)):
         for code in codes:
             if code not in by_code:
-                raise SettingError(f"{setting}: no rule with code {code}")
+                raise SettingError(f"{setting}: no rule with code {code}{_listing(by_code)}")
+    for setting, prefixes in (("gpu_select", config.select), ("gpu_ignore", config.ignore)):
+        for prefix in prefixes:
+            if not any(code.startswith(prefix) for code in by_code):
+                what = "code" if CODE_RE.match(prefix) else "code prefix"
+                raise SettingError(f"{setting}: the {what} {prefix} matches no rule"
+                                   f"{_listing(by_code)}")
     result = []
     for rule in rules:
         if not config.enabled(rule.code):
@@ -163,7 +182,19 @@ def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
             params[name] = coerce_param(rule, name, text)
         result.append(replace(rule, severity=config.severity.get(rule.code, rule.severity),
                               params=params))
+    if rules and not result:
+        raise SettingError(f"gpu_select / gpu_ignore leave no rule to run (select "
+                           f"{' '.join(config.select) or 'ALL'}, ignore "
+                           f"{' '.join(config.ignore)}): nothing would be checked")
     return result
 
 
-__all__ = ["RuleConfig", "RuleFileError", "SettingError", "apply_config", "build_config"]
+def _listing(by_code: dict[str, Rule]) -> str:
+    codes = sorted(by_code)
+    if not codes:
+        return ""
+    return (f" (the rules are {codes[0]} to {codes[-1]}: `python -m pytest_gputrain rules` "
+            "lists them)")
+
+
+__all__ = ["CODE_RE", "RuleConfig", "SettingError", "apply_config", "build_config"]

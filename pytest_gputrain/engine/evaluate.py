@@ -6,6 +6,7 @@ gives the namespace a rule's condition reads and the subject its findings name.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from pytest_gputrain.engine.config import RuleConfig, apply_config
 from pytest_gputrain.engine.expr import UNKNOWN, EvaluationError
 from pytest_gputrain.engine.rules import Rule, RuleFileError, builtin_rules_dir, load_rules
 from pytest_gputrain.engine.vocabulary import scope_names
-from pytest_gputrain.facts import EnvironmentFacts, FactsFile
+from pytest_gputrain.facts import EnvironmentFacts, FactsFile, session_namespace_of
 from pytest_gputrain.findings import Evidence, Finding, sort_findings
 from pytest_gputrain.scopes import Namespace
 from pytest_gputrain.units import format_value
@@ -70,16 +71,26 @@ class RuleEngine:
                          findings: Iterable[Finding] = ()) -> list[Finding]:
         """``findings`` plus those of every record the features added (runs, failures, ...).
 
-        Raises pydantic's ValidationError when a record does not fit its scope's model.
+        Raises pydantic's ValidationError when a record does not fit its scope's model, read
+        strictly (a facts file may have been edited): no ``true`` for a number, no number in a
+        string, no negative size. Each record is loaded, judged and let go in turn, and the
+        session's names are built once: time and memory grow linearly with the recording.
         """
-        records = {scope.name: [scope.model.model_validate(data)
-                                for data in facts.records.get(scope.name, [])]
-                   for scope in scopes.recorded()}
+        related: dict[str, scopes.Records] = {
+            scope.name: scopes.Records(facts.records.get(scope.name, []),
+                                       functools.partial(_load_strictly, scope.model))
+            for scope in scopes.recorded()}
         result = list(findings)
-        for scope, items in records.items():
-            for record in items:
-                result.extend(self.evaluate_record(scope, facts.environment, record, records))
+        with session_namespace_of(facts.environment):
+            for scope, records in related.items():
+                for record in records:
+                    result.extend(self.evaluate_record(scope, facts.environment, record,
+                                                       related))
         return sort_findings(result)
+
+
+def _load_strictly(model: Any, data: Any) -> Any:
+    return model.model_validate(data, strict=True)
 
 
 def _check_names(rule: Rule) -> None:
@@ -121,18 +132,28 @@ def _unit_of(namespace: Namespace) -> Any:
     return unit_of
 
 
+def _broken(rule: Rule, subject: str, message: str) -> Finding:
+    # A rule that cannot be evaluated on these facts is a defect of the rule, not of the
+    # user's code: report it, never crash the session.
+    return Finding(
+        code=rule.code, name=rule.name, title=f"rule {rule.code} could not be evaluated",
+        severity="warning", scope=rule.scope, subject=subject, message=message,
+        fix="Fix the rule's condition.", why="",
+    )
+
+
 def evaluate_rule(rule: Rule, namespace: Namespace, subject: str) -> Finding | None:
     lookup = _lookup(rule, namespace)
     try:
         fired = rule.condition.evaluate(lookup)
     except EvaluationError as exc:
-        # A rule that cannot be evaluated on these facts is a defect of the rule, not of the
-        # user's code: report it, never crash the session.
-        return Finding(
-            code=rule.code, name=rule.name, title=f"rule {rule.code} could not be evaluated",
-            severity="warning", scope=rule.scope, subject=subject,
-            message=f"{rule.path.name}: {exc}", fix="Fix the rule's condition.", why="",
-        )
+        return _broken(rule, subject, f"{rule.path.name}: {exc}")
+    if fired is not True and fired is not False and fired is not UNKNOWN:
+        # A condition over a fact that is not a boolean (``device.memory_used``): caught here,
+        # since no rule file says what a fact holds.
+        return _broken(rule, subject, f"{rule.path.name}: the condition gave "
+                       f"{format_value(fired, None)} ({type(fired).__name__}), not true or "
+                       "false; compare it (e.g. `... > 0`)")
     if fired is not True:
         return None  # false, or unknown: a rule fires only on facts that prove it
     unit_of = _unit_of(namespace)

@@ -904,6 +904,31 @@ class _Call(_Node):
             arg.collect(names)
 
 
+# What a node gives, known before any fact is read: a rule's condition must give true or false
+# (or unknown), and one that can only give a number, a string or a list never fires.
+_BOOLEAN_FUNCTIONS = frozenset({"known", "any", "all", "contains", "startswith",
+                                "arch_supported", "bit"})
+_ARGUMENT_FUNCTIONS = frozenset({"coalesce", "min", "max"})  # give one of their arguments
+
+
+def _gives_truth(node: _Node) -> bool | None:
+    """True: always true, false or unknown; False: never; None: it depends on the facts."""
+    if isinstance(node, _Logic | _Not | _Compare):
+        return True
+    if isinstance(node, _Literal):
+        return isinstance(node.value, bool) or node.value is None
+    if isinstance(node, _Call):
+        if node.function.name in _BOOLEAN_FUNCTIONS:
+            return True
+        if node.function.name in _ARGUMENT_FUNCTIONS:
+            kinds = {_gives_truth(arg) for arg in node.args}
+            return kinds.pop() if len(kinds) == 1 else None
+        return False
+    if isinstance(node, _Arith | _Negate | _List):
+        return False
+    return None  # a fact: its value decides
+
+
 # --------------------------------------------------------------------------------------------
 # Tokenizer
 
@@ -1337,6 +1362,12 @@ class Expr:
     def names(self) -> frozenset[str]:
         """Every dotted fact name the condition refers to."""
         return self._names
+
+    def gives_truth(self) -> bool | None:
+        """True when it always gives true, false or unknown (a comparison, ``and``, ...);
+        False when it never can (arithmetic, a number, ``len()``); None when that depends on
+        the facts (a fact's name, ``coalesce()`` of facts)."""
+        return _gives_truth(self._root)
 
     def evaluate(self, lookup: Callable[[str], object]) -> object:
         """The value over ``lookup``: True, False, UNKNOWN, or another value.

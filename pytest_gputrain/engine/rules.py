@@ -18,10 +18,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 from pytest_gputrain import scopes
+from pytest_gputrain.engine.config import CODE_RE
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
-from pytest_gputrain.findings import SEVERITY_RANK
+from pytest_gputrain.severity import SEVERITY_RANK
 
-CODE_RE = re.compile(r"^[A-Z]{2,5}[0-9]{3}$")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 REQUIRED = ("code", "name", "title", "scope", "severity", "condition", "message", "fix", "why")
 OPTIONAL = ("evidence", "references", "params", "docs")
@@ -90,7 +90,8 @@ def load_rule_file(path: Path) -> Rule:
         )
     values = {key: _require(data, key, str, path) for key in REQUIRED}
     if not CODE_RE.match(values["code"]):
-        raise RuleFileError(f"{path}: field 'code' must look like GT001, got {values['code']!r}")
+        raise RuleFileError(f"{path}: field 'code' must be GT and three digits (GT001; a "
+                            f"project's own rules use GT900 to GT999), got {values['code']!r}")
     if not path.name.startswith(values["code"]):
         raise RuleFileError(
             f"{path}: file name must start with the rule's code {values['code']} "
@@ -139,6 +140,10 @@ def load_rule_file(path: Path) -> Rule:
             compiled[key] = parser(values[key])
         except ConditionError as exc:
             raise RuleFileError(f"{path}: field '{key}': {exc}") from None
+    if compiled["condition"].gives_truth() is False:
+        raise RuleFileError(
+            f"{path}: field 'condition': {values['condition'].strip()!r} gives a value, not true "
+            "or false, so the rule would never fire; compare it (e.g. `... > 0`)")
     return Rule(
         code=values["code"],
         name=values["name"],

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_gputrain.xdist import is_xdist_worker
+
 if TYPE_CHECKING:
     from pytest_gputrain.ladder.rungs import LadderResults
 
@@ -17,11 +19,18 @@ PLUGIN_NAME = "gputrain-ladder"
 
 
 class LadderTables:
-    """Every ladder's results of this session, printed as tables at its end."""
+    """Every ladder's results of this session, printed as tables at its end.
+
+    Under pytest-xdist the rungs run on the workers: each worker sends its results to the
+    controller when it ends (``workeroutput``), and the controller prints and reports them,
+    rows ordered by worker (gw0, gw1, ...) and, within a worker, as they ran.
+    """
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.results: dict[str, LadderResults] = {}
+        # controller: each ladder's results as each worker sent them
+        self._from_workers: dict[str, dict[str, LadderResults]] = {}
 
     def results_for(self, name: str) -> LadderResults:
         if name not in self.results:
@@ -33,6 +42,27 @@ class LadderTables:
             if session is not None:  # the table goes to the report files (JSON and Markdown)
                 session.add_section(f"ladder: {name}", lambda: _report_section(result))
         return self.results[name]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.results and is_xdist_worker(self.config):
+            self.config.workeroutput[WORKER_OUTPUT] = [  # type: ignore[attr-defined]
+                results.as_dict() for results in self.results.values()]
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        from pytest_gputrain.ladder import LadderResults
+
+        output = getattr(node, "workeroutput", None) or {}
+        worker = str((getattr(node, "workerinput", None) or {}).get("workerid", ""))
+        for data in output.get(WORKER_OUTPUT, []):
+            received = LadderResults.from_dict(data)
+            by_worker = self._from_workers.setdefault(received.name, {})
+            by_worker[worker] = received
+            merged = self.results_for(received.name)  # the same object the report section reads
+            ordered = [by_worker[w] for w in sorted(by_worker, key=_worker_order)]
+            merged.rungs = [rung for part in ordered for rung in part.rungs]
+            merged.headroom = [item for part in ordered for item in part.headroom]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.results:
@@ -48,6 +78,13 @@ class LadderTables:
 
 
 _TABLES = pytest.StashKey[LadderTables]()
+WORKER_OUTPUT = "gputrain_ladder"
+
+
+def _worker_order(worker: str) -> tuple[int, str]:
+    """gw2 before gw10."""
+    digits = worker.lstrip("gw")
+    return (int(digits) if digits.isdigit() else -1, worker)
 
 
 # tryfirst: registered before the assertions' plugin object, the tables follow its tally of GPU

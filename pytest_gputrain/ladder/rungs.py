@@ -80,6 +80,15 @@ class LadderResults:
         return {"name": self.name, "rungs": [asdict(r) for r in self.rungs],
                 "headroom": [asdict(h) for h in self.headroom]}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LadderResults:
+        """The results ``as_dict`` gave (a pytest-xdist worker's, on the controller)."""
+        return cls(
+            name=str(data["name"]),
+            rungs=[RungRecord(**rung) for rung in data.get("rungs", [])],
+            headroom=[HeadroomRecord(**{**item, "probes": [tuple(p) for p in item["probes"]]})
+                      for item in data.get("headroom", [])])
+
 
 class LadderError(RuntimeError):
     """A rung could not run (no CUDA, an unknown precision, ...), with the reason."""

@@ -39,11 +39,11 @@ scopes.declare("pytest_gputrain.run_facts")
 
 OPTIONS: tuple[options.Option, ...] = (
     options.Option(
-        "--gpu-probe", "gpu_probe", "with --gpu-diagnose: probe each test's training run and "
-        "diagnose GPU failures: on (default) or off", default="on", metavar="on|off"),
+        "--gpu-probe", "gpu_probe", "diagnosis: probe each test's training run and diagnose GPU "
+        "failures: on (default) or off", default="on", metavar="on|off"),
     options.Option(
-        "--gpu-profile-steps", "gpu_profile_steps", "with --gpu-diagnose: the optimizer steps "
-        "of each test that torch.profiler records, e.g. 3-6 (default) or off",
+        "--gpu-profile-steps", "gpu_profile_steps", "diagnosis: the optimizer steps of each "
+        "test that torch.profiler records, e.g. 3-6 (default) or off",
         default=DEFAULT_PROFILE_STEPS, metavar="FIRST-LAST"),
 )
 
@@ -91,12 +91,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    settings = read_probe_settings(config)  # a bad value is an error with or without diagnosis
+    if not options.diagnosing(config):
+        return
     from pytest_gputrain.diagnose import diagnosis
 
     session = diagnosis(config)
     if session is None:
         return
-    plugin = ProbePlugin(config, session, read_probe_settings(config))
+    plugin = ProbePlugin(config, session, settings)
     config.stash[PLUGIN_KEY] = plugin
     config.pluginmanager.register(plugin, PLUGIN_NAME)
     session.add_section("runs", lambda: _runs_section(session),

@@ -26,15 +26,19 @@ from pytest_gputrain.regression.compare import (
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError, describe
-from pytest_gputrain.regression.store_backends import inspect, open_store
+from pytest_gputrain.regression.store_backends import check_creatable, inspect, open_store
 
 
 def check_store(settings: RegressionSettings) -> None:
-    """Refuse a foreign, damaged, newer or unreachable store, or an unknown ``--gpu-compare``
-    name, up front. Read-only: nothing is created or changed here."""
+    """Refuse a foreign, damaged, newer or unreachable store, a store ``--gpu-save`` could not
+    create, or an unknown ``--gpu-compare`` name, up front. Nothing is created or changed
+    here."""
     where = describe(settings.store)
     try:
         state = inspect(settings.store)
+        if settings.save and state == "missing":
+            # Found now, not after the session's benchmarks have run for nothing.
+            check_creatable(settings.store)
         if not settings.compare or settings.compare == "latest":
             return
         if state != "ours":

@@ -308,7 +308,10 @@ def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str)
     if len(rows) != 1 or rows[0][0] != APPLICATION:
         raise StoreError(f"{where}: unrecognised gputrain_schema marker {list(rows)!r}"
                          + _LEFT_ALONE)
-    version = int(rows[0][1])
+    version = rows[0][1]
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise StoreError(f"{where}: damaged pytest-gputrain store (its schema version "
+                         f"{version!r} is not a whole number)" + _LEFT_ALONE)
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{where} was written by a newer pytest-gputrain (store schema {version}; this "

@@ -23,6 +23,15 @@ def inspect(location: Location) -> str:
     return store_sqlite.inspect(Path(location))
 
 
+def check_creatable(location: Location) -> None:
+    """``StoreError`` when a missing SQLite store could not be created where it is to be (its
+    folder is a file, or cannot be written). A PostgreSQL server answers when it is opened."""
+    if not is_url(location):
+        from pytest_gputrain.regression import store_sqlite
+
+        store_sqlite.check_creatable(Path(location))
+
+
 def open_store(location: Location, *, create: bool = True) -> Store:
     """Open a store, creating and initialising it when missing or empty (and ``create``)."""
     if is_url(location):

@@ -13,8 +13,10 @@ hosts share a PostgreSQL store instead.)
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -68,6 +70,7 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS runs_name ON runs(name)",
     "CREATE INDEX IF NOT EXISTS results_nodeid ON results(nodeid)",
 )
+_ELSEWHERE = "Set gpu_store / --gpu-store to a file in a folder you can write"
 REFUSED = ("; it was left untouched. Move it away or set gpu_store / --gpu-store to another "
            "file")
 
@@ -125,6 +128,38 @@ def _classify(connection: sqlite3.Connection, path: Path) -> str:
     return classify_marker(rows, tables, str(path))
 
 
+def make_folder(folder: Path) -> None:
+    """Create the store's folder (and its parents); ``StoreError`` saying why it cannot be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        blocking = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            reason = f"{blocking} is a file, not a folder"
+        else:
+            reason = exc.strerror or str(exc)
+        raise StoreError(f"cannot create the folder of the benchmark store {folder}: {reason}. "
+                         f"{_ELSEWHERE}") from None
+
+
+def check_creatable(path: Path) -> None:
+    """``StoreError`` unless a store can be created at ``path``: the nearest existing folder
+    above it must take a new folder. Tried for real (a temporary folder, removed at once),
+    since permissions alone do not tell (a read-only file system, a root user)."""
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise StoreError(f"cannot create the folder of the benchmark store {path.parent}: "
+                         f"{existing} is a file, not a folder. {_ELSEWHERE}")
+    try:
+        probe = tempfile.mkdtemp(prefix=".gputrain-probe-", dir=existing)
+    except OSError as exc:
+        raise StoreError(f"cannot create the benchmark store {path}: {existing} is not "
+                         f"writable ({exc.strerror or exc}). {_ELSEWHERE}") from None
+    os.rmdir(probe)
+
+
 class _SqliteWriter:
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._connection = connection
@@ -149,7 +184,7 @@ class SqliteStore(Store):
         if state == "missing" and not create:
             raise StoreError(f"no benchmark store at {path} (save a run first: --gpu-save=NAME)")
         if state == "missing":
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(path.parent)
         try:
             connection = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S,
                                          isolation_level=None, check_same_thread=False)

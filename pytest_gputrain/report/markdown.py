@@ -6,6 +6,7 @@ from tabulate import tabulate
 
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.terminal import header_lines
+from pytest_gputrain.units import printable
 
 _ICON = {"error": "🔴 error", "warning": "🟠 warning", "info": "🔵 info"}
 
@@ -34,4 +35,4 @@ def report_markdown(report: Report) -> str:
     for name, section in report.sections.items():
         if isinstance(section, dict) and "markdown" in section:
             lines.extend(["", f"### {name}", "", str(section["markdown"])])
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines) + "\n")

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_gputrain.facts import EnvironmentFacts
-from pytest_gputrain.findings import SEVERITY_RANK, Finding
+from pytest_gputrain.findings import Finding
+from pytest_gputrain.severity import SEVERITY_RANK
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -69,19 +67,6 @@ def fails(findings: list[Finding], fail_on: str) -> bool:
     if fail_on == "never":
         return False
     return any(f.rank >= SEVERITY_RANK[fail_on] for f in findings)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename: an interrupted run never leaves half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def report_json(report: Report) -> str:

@@ -8,7 +8,7 @@ from tabulate import tabulate
 
 from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts
 from pytest_gputrain.findings import Finding
-from pytest_gputrain.units import format_bytes
+from pytest_gputrain.units import format_bytes, printable
 
 
 def _torch_line(env: EnvironmentFacts) -> str:
@@ -66,7 +66,7 @@ def header_lines(env: EnvironmentFacts) -> list[str]:
     if env.env.variables:
         shown = ", ".join(f"{k}={v!r}" for k, v in env.env.variables.items())
         lines.append(f"gputrain: environment: {shown}")
-    return lines
+    return [printable(line) for line in lines]  # facts may come from an edited facts file
 
 
 def _wrap(text: str, width: int, indent: str) -> str:
@@ -94,4 +94,4 @@ def findings_lines(findings: list[Finding], width: int = 100, verbose: bool = Fa
                 lines.append(f"    - {item.name} = {item.display}{reason}")
     lines.append("")
     lines.append("details: python -m pytest_gputrain explain CODE")
-    return lines
+    return [printable(line) for line in lines]

@@ -1,0 +1,71 @@
+"""The project's pytest settings, for the command line: found and read exactly as pytest does.
+
+``python -m pytest_gputrain replay`` must give the findings ``pytest --gpu-diagnose`` gave, so
+it reads the same ``gpu_*`` settings (``gpu_rules_dirs``, ``gpu_select``, ``gpu_ignore``,
+``gpu_severity``, ``gpu_rule_params``, ``gpu_fail_on``) from the same file. Rather than copy
+pytest's rules for finding that file (pytest.ini, pyproject.toml's ``[tool.pytest]`` tables,
+tox.ini, setup.cfg; the rootdir; ``--rootdir`` and ``-c``), this starts pytest itself up to the
+point where its configuration is read, and stops there: no conftest is imported, no test is
+collected, nothing is printed (``pytest_cmdline_main`` answers first).
+"""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The settings the rule engine and the verdict read.
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params",
+                 "gpu_rules_dirs", "gpu_fail_on")
+
+
+class ProjectSettingsError(Exception):
+    """pytest could not read the project's configuration; the message says why."""
+
+
+@dataclass(frozen=True)
+class ProjectSettings:
+    rootpath: Path
+    inipath: Path | None
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+class _ReadAndStop:
+    def __init__(self) -> None:
+        self.settings: ProjectSettings | None = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_cmdline_main(self, config: pytest.Config) -> int:
+        self.settings = ProjectSettings(
+            rootpath=Path(config.rootpath),
+            inipath=Path(config.inipath) if config.inipath else None,
+            values={name: config.getini(name) for name in RULE_SETTINGS})
+        return 0  # firstresult: pytest runs no session
+
+
+def read_project_settings(rootdir: str | None = None, inifile: str | None = None,
+                          directory: Path | None = None) -> ProjectSettings:
+    """The ``gpu_*`` ini settings of the project in ``directory`` (the current one), found as
+    ``pytest`` run there would find them; ``rootdir``/``inifile`` as ``--rootdir``/``-c``."""
+    args: list[str] = ["-p", "no:cacheprovider", "--noconftest", "--assert=plain",
+                       "--capture=no", "-o", "addopts="]
+    if rootdir is not None:
+        args += ["--rootdir", rootdir]
+    if inifile is not None:
+        args += ["-c", inifile]
+    if directory is not None:
+        args.append(str(directory))
+    reader = _ReadAndStop()
+    captured = io.StringIO()
+    with redirect_stdout(captured), redirect_stderr(captured):
+        code = pytest.main(args, plugins=[reader])
+    if reader.settings is None:
+        said = " ".join(captured.getvalue().split())
+        raise ProjectSettingsError(f"pytest could not read the project's configuration (exit "
+                                   f"{int(code)}): {said or 'no message'}")
+    return reader.settings
