@@ -37,6 +37,8 @@ EXPECTED: dict[str, dict[str, Any]] = tomllib.loads(
 TIMEOUT_S = int(os.environ.get("GPUTRAIN_SAMPLE_TIMEOUT", "300"))
 PIPELINE_SCOPES = {"run", "failure"}
 LOUD = {"warning", "error"}
+# GPUTRAIN_SAMPLE_TABLE=samples.md writes a Markdown table of the samples run; under
+# pytest-xdist each worker writes its own (samples.gw0.md, ...), as each sees only its samples.
 TABLE_ENV = "GPUTRAIN_SAMPLE_TABLE"
 
 _rows: dict[str, dict[str, Any]] = {}
@@ -102,6 +104,9 @@ def _write_table(path: str) -> None:
             f"{', '.join(row['found']) or '-'} | {', '.join(row['info']) or '-'} | "
             f"{row['outcome']} | {row['wall_s']:.1f} | {row['verdict']} |")
     target = Path(path)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        target = target.with_name(f"{target.stem}.{worker}{target.suffix}")
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
