@@ -8,8 +8,8 @@ pair to pair (so that a drift of the machine's speed, or a cache warmed by the f
 favours neither side); each pair gives a ratio, and the result is the median of the ratios
 (goal: <= 1.05). Other processes on a small machine disturb single runs: the load average is
 printed before and after, a run under heavy load is worth repeating, and the median ratio of
-CPU time (user + system) is printed beside it, less disturbed by other processes. Also checked: neither
-torch nor pydantic is imported in the plugin's run (goal: neither).
+CPU time (user + system) is printed beside it, less disturbed by other processes. Also checked:
+neither torch nor pydantic is imported in the plugin's run (goal: neither).
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def main() -> int:
     print(f"-p no:gputrain  median {statistics.median(without):.3f} s  (min {min(without):.3f})")
     print(f"median of the pairs' ratios {ratio:.3f} (quartiles {quartiles[0]:.3f}-"
           f"{quartiles[2]:.3f}; goal <= 1.05): {'OK' if ratio <= 1.05 else 'TOO SLOW'}")
-    print(f"CPU time (user + system), median of the pairs' ratios {statistics.median(cpu_ratios):.3f}"
+    cpu_ratio = statistics.median(cpu_ratios)
+    print(f"CPU time (user + system), median of the pairs' ratios {cpu_ratio:.3f}"
           " (less disturbed by other processes than the wall time)")
     print(f"heavy modules imported with the plugin: {heavy} (goal: none)")
     print(f"load average after: {load()}")

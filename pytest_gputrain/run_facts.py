@@ -201,6 +201,9 @@ class SyncFacts(FactGroup):
                                description="count per call, most frequent first ('item: 200')")
     profiled_per_step: float | None = fact(
         doc="stream/device/event synchronizations per step seen by the profiler window")
+    profiled_readbacks_per_step: float | None = fact(
+        doc="of those, the read-backs: a device-to-host copy then a synchronize, or "
+            "torch.cuda.synchronize() (profile.readback_syncs_per_step)")
 
 
 class ProfileFacts(FactGroup):
@@ -240,6 +243,9 @@ class ProfileFacts(FactGroup):
     h2d_pageable_percent: float | None = fact("%", "pageable H2D copy time / wall")
     h2d_pinned_copies: int | None = fact(doc="host-to-device copies from pinned memory")
     syncs_per_step: float | None = fact(doc="cuda*Synchronize calls per step")
+    readback_syncs_per_step: float | None = fact(
+        doc="syncs per step that waited for a value from the GPU: a device-to-host copy then a "
+            "synchronize, or torch.cuda.synchronize() (not libraries' event waits)")
     sync_wait_percent: float | None = fact(
         "%", "host time inside synchronize calls and device-to-host copies / wall")
     graph_launches_per_step: float | None = fact(doc="CUDA graph launches per step")
@@ -309,7 +315,7 @@ class StallFacts(FactGroup):
     steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
     explained: int | None = fact(
         doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
-            "a new input shape under cuDNN autotuning or torch.compile")
+            "a new input shape under cuDNN autotuning or torch.compile, or time inside read-backs")
     time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
     time_percent: float | None = fact("%", "that time / the training time of the judged steps")
     longest: float | None = fact("s", "the longest unexplained stall step")

@@ -732,3 +732,40 @@ def test_compiled_code_never_sees_the_sync_wrappers(tmp_path: Path) -> None:
                           timeout=300, check=False)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
     assert "torch.compile began in step 1" in done.stdout
+
+
+COMPILED_BACKWARDS = r'''
+import torch
+from pytest_gputrain.probe.run import RunProbe
+
+torch._dynamo.reset()
+model = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                          torch.nn.Linear(8, 1)), backend="aot_eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+probe = RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+probe.start()
+try:
+    for _ in range(6):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+finally:
+    probe.stop()
+facts = probe.facts()
+print("BACKWARDS", probe.record.forwards.backwards, "ANOMALY", facts.anomaly_backwards)
+assert probe.record.forwards.backwards == 6, probe.record.forwards.backwards
+assert not facts.anomaly_backwards, facts.anomaly_backwards
+print("OK")
+'''
+
+
+def test_compiles_traced_backward_is_not_a_backward_of_the_code(tmp_path: Path) -> None:
+    # AOTAutograd traces the backward (autograd.grad on fake tensors) under
+    # detect_anomaly(check_nan=False), to keep the forward's stack traces: counted as the
+    # code's backward passes, a compiled model looked as if it trained with anomaly detection
+    # on (GT115) and had more backward passes than steps.
+    script = tmp_path / "compiled_backwards.py"
+    script.write_text(COMPILED_BACKWARDS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr

@@ -21,7 +21,7 @@ from pytest_gputrain.plugin import load_features
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ROOT / "sample_projects" / "pipelines"
 EXPECTED = tomllib.loads((PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
-KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus"}
+KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus", "args"}
 
 
 def _runner() -> ModuleType:
@@ -62,3 +62,19 @@ def test_the_runner_sets_a_samples_environment(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ValueError, match=r"\[bad\]: env must be a table of strings"):
         runner.sample_env("bad", {"env": {"CUDA_VISIBLE_DEVICES": 0}})
     assert EXPECTED["hidden_gpus"]["env"] == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_the_runner_passes_a_samples_arguments_and_they_are_valid_settings() -> None:
+    from pytest_gputrain.engine.config import build_config
+
+    runner = _runner()
+    assert runner.sample_args("plain", {}) == []
+    with pytest.raises(ValueError, match=r"\[bad\]: args must be a list of strings"):
+        runner.sample_args("bad", {"args": "-o x=1"})
+    load_features()
+    for name, spec in EXPECTED.items():
+        args = runner.sample_args(name, spec)
+        # only ini overrides of rule parameters are used: each must name a real parameter
+        for flag, value in zip(args[::2], args[1::2], strict=True):
+            assert flag == "-o" and value.startswith("gpu_rule_params="), (name, args)
+            RuleEngine.load(build_config(params=value.split("=", 1)[1]))

@@ -198,6 +198,35 @@ def test_pinned_copy_followed_by_a_stream_synchronize_blocks() -> None:
     assert analyse(gpu, runtime, wall=2e-3, steps=2)["h2d_pinned_blocking_per_step"] == 1.0
 
 
+TO_HOST = "Memcpy DtoH (Device -> Pinned)"
+
+
+def test_read_backs_are_copies_to_the_host_that_the_host_waited_for() -> None:
+    gpu = [_k("gemm", 0, 300, 1), _k(TO_HOST, 300, 301, 2), _k(TO_HOST, 400, 401, 4),
+           _k(TO_HOST, 600, 601, 6), _k("Memcpy DtoH (Device -> Pageable)", 700, 701, 7)]
+    runtime = [
+        _r("cudaLaunchKernel", 0, 3, 1),
+        # loss.item(): the copy, then torch's stream synchronize at once
+        _r("cudaMemcpyAsync_v3020", 10, 12, 2), _r("cudaStreamSynchronize", 13, 301),
+        # a boolean mask's nonzero: the same pattern, made inside C++
+        _r("cudaMemcpyAsync", 390, 392, 4), _r("cudaStreamSynchronize", 393, 402),
+        # cuDNN benchmark mode timing algorithms: event waits with no copy before them
+        _r("cudaEventSynchronize", 450, 470), _r("cudaEventSynchronize", 480, 490),
+        # DDP's bookkeeping: a stream sync after a launch, no copy
+        _r("cudaLaunchKernel", 500, 503, 5), _r("cudaStreamSynchronize", 504, 520),
+        # a non_blocking copy to pinned memory: the host launches on, no wait
+        _r("cudaMemcpyAsync", 590, 592, 6), _r("cudaLaunchKernel", 593, 596),
+        _r("cudaStreamSynchronize", 597, 620),
+        # a synchronous cudaMemcpy to pageable memory, and torch.cuda.synchronize()
+        _r("cudaMemcpy", 690, 702, 7), _r("cudaDeviceSynchronize", 800, 810),
+        # the window's own closing synchronize
+        _r("cudaDeviceSynchronize", 900, 910),
+    ]
+    facts = analyse(gpu, runtime, wall=1e-3, steps=2, own_syncs=1)
+    assert facts["readback_syncs_per_step"] == 2.0  # item, mask, cudaMemcpy, synchronize
+    assert facts["syncs_per_step"] == 3.5  # every synchronize but the window's own
+
+
 def test_blocking_copies_unknown_without_matching_runtime_calls() -> None:
     gpu = [_k(PINNED, 10, 40, 1)]
     assert analyse(gpu, [], wall=1e-4, steps=1)["h2d_pinned_blocking_per_step"] is None
@@ -496,3 +525,45 @@ def test_pinned_host_stats_read_and_unreadable() -> None:
     assert pinned_host_stats(fake({})) == {}  # CUDA not initialised: torch answers {}
     assert pinned_host_stats(fake(RuntimeError("no CUDA"))) == {}
     assert pinned_host_stats(SimpleNamespace(cuda=SimpleNamespace())) == {}
+
+
+def test_a_read_back_that_waited_for_queued_gpu_work_is_not_a_stall() -> None:
+    # A loop without a sync per step logs loss.item() every 20 steps: the host runs ahead of
+    # the GPU, and each read-back waits for the ~0.5 s of work queued since the last one.
+    times = [0.5, 0.3] + [0.003] * 60
+    record = _stall_record(times)
+    record.steps.sync_waits = [0.0] * len(times)
+    for i in (21, 41, 61):
+        record.steps.syncs[i] = 1
+        record.steps.sync_waits[i] = 0.495
+        times[i] = 0.498
+    stalls = build_run_facts(record, ProcessReadings()).stalls
+    assert stalls.steps == 0 and stalls.explained == 3
+    # A read-back that returned at once, then CPU work (metrics over accumulated predictions):
+    # still a stall.
+    for i in (21, 41, 61):
+        record.steps.sync_waits[i] = 0.002
+    stalls = build_run_facts(record, ProcessReadings()).stalls
+    assert stalls.steps == 3 and stalls.explained == 0
+
+
+def test_the_sync_wrapper_times_the_calls_it_counts() -> None:
+    import time
+
+    from pytest_gputrain.probe.run_record import SyncCounts
+    from pytest_gputrain.probe.torch_hooks import wrap_sync_method
+
+    class FakeCudaTensor:
+        is_cuda = True
+
+    def slow_item(self: object) -> float:
+        time.sleep(0.02)
+        return 1.0
+
+    counts = SyncCounts()
+    item = wrap_sync_method("item", slow_item, counts)
+    assert item(FakeCudaTensor()) == 1.0
+    assert counts.pending == 1 and counts.pending_wait >= 0.015
+    FakeCudaTensor.is_cuda = False
+    item(FakeCudaTensor())
+    assert counts.pending == 1 and counts.pending_wait < 0.1

@@ -294,6 +294,7 @@ def analyse(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall: floa
     facts.update(communication(kernels, wall_ns))
     facts.update(host_silence(gpu, runtime, wall_ns, steps))
     facts.update(blocking_pinned_copies(copies, runtime, steps))
+    facts.update(read_backs(copies, runtime, steps, own_syncs))
     return facts
 
 
@@ -419,6 +420,44 @@ def blocking_pinned_copies(copies: Sequence[GpuEvent], runtime: Sequence[Runtime
     if not matched:
         return {"h2d_pinned_blocking_per_step": None}
     return {"h2d_pinned_blocking_per_step": round(blocking / steps, 2)}
+
+
+DEVICE_SYNC_CALLS = ("cudaDeviceSynchronize", "cuCtxSynchronize")
+
+
+def read_backs(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], steps: int,
+               own_syncs: int = 0) -> dict[str, Any]:
+    """Syncs in which the host waited for a value from the GPU (GT104), per step: a
+    device-to-host copy whose runtime call is followed on the same thread by a synchronize
+    before any other launch (``.item()``, ``.cpu()``, ``print(t)``, ``nonzero`` and boolean
+    masks: torch's memcpy-and-sync), a synchronous ``cudaMemcpy`` to the host, and explicit
+    device synchronizations (``torch.cuda.synchronize()``). Event waits and stream syncs with no
+    copy before them are libraries' own (cuDNN benchmark mode timing its algorithms, DDP's and
+    NCCL's bookkeeping): not the code's, and nothing its author could remove."""
+    ordered = sorted(runtime, key=lambda e: e.start_ns)
+    device_syncs = max(0, sum(1 for e in ordered if api_name(e.name) in DEVICE_SYNC_CALLS)
+                       - own_syncs)
+    to_host = {e.correlation for e in copies if "DtoH" in e.name and e.correlation}
+    by_thread: dict[int, list[RuntimeEvent]] = {}
+    for event in ordered:
+        by_thread.setdefault(event.thread, []).append(event)
+    copied = 0
+    for events in by_thread.values():
+        for index, call in enumerate(events):
+            if call.correlation not in to_host or not call.name.startswith(MEMCPY_CALL_PREFIXES):
+                continue
+            if not api_name(call.name).endswith("Async"):
+                copied += 1  # cudaMemcpy returns once the copy is done: a wait in itself
+                continue
+            for following in events[index + 1:]:
+                if following.start_ns - call.end_ns > BLOCKING_COPY_GAP_NS:
+                    break
+                if api_name(following.name) in SYNC_CALLS:
+                    copied += 1
+                    break
+                if following.name.startswith(LAUNCH_PREFIXES):
+                    break
+    return {"readback_syncs_per_step": round((copied + device_syncs) / max(1, steps), 2)}
 
 
 def _event_bytes(event: Any) -> int:

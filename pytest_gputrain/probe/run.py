@@ -271,7 +271,9 @@ class RunProbe:
         steps.waits.append(loader.pending)
         loader.pending = 0.0
         steps.syncs.append(syncs.pending)
+        steps.sync_waits.append(syncs.pending_wait)
         syncs.pending = 0
+        syncs.pending_wait = 0.0
         steps.flags.append(_IN_WINDOW if self.window is not None else
                            _AFTER_WINDOW if steps.after_window else
                            _EPOCH_START if loader.epoch_start else _STEADY)
@@ -354,7 +356,9 @@ class RunProbe:
         return None
 
     def on_backward_start(self) -> None:
-        if self.disabled:
+        # torch.compile's AOTAutograd traces the backward with autograd.grad on fake tensors,
+        # under detect_anomaly(check_nan=False) for the stack traces: not the code's backward.
+        if self.disabled or self._compiling():
             return
         try:
             self.record.forwards.backwards += 1
@@ -372,7 +376,7 @@ class RunProbe:
             self._fail("backward wrapper", exc)
 
     def on_backward_end(self) -> None:
-        if self.disabled:
+        if self.disabled or self._compiling():
             return
         try:
             self.in_backward = max(0, self.in_backward - 1)

@@ -295,6 +295,9 @@ def _sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
     profiled = record.window_facts.get("syncs_per_step")
     if profiled is not None:
         facts.profiled_per_step = profiled
+    readbacks = record.window_facts.get("readback_syncs_per_step")
+    if readbacks is not None:
+        facts.profiled_readbacks_per_step = readbacks
     return facts
 
 
@@ -545,8 +548,9 @@ STALL_RATIO = 5.0
 def _stall_facts(record: RunRecord) -> StallFacts:
     """Steps far longer than the median step, split into those the loop explains (a later
     epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
-    input shape under cuDNN autotuning or torch.compile) and stalls (GT118). Judged over the
-    steps after warm-up outside the profiler window."""
+    input shape under cuDNN autotuning or torch.compile, a read-back that waited for the GPU
+    work queued since the last one) and stalls (GT118). Judged over the steps after warm-up
+    outside the profiler window."""
     series = record.steps
     facts = StallFacts()
     judged = [i for i in range(record.warmup, len(series.times))
@@ -566,13 +570,19 @@ def _stall_facts(record: RunRecord) -> StallFacts:
     new_shapes = {step for state in record.forwards.modules.values()
                   for step in state.new_shape_steps} if _shape_sensitive(record) else set()
     new_shapes.update(record.compile.compile_steps)  # steps in which torch.compile compiled
+    # A loop that reads a value back every N steps (``loss.item()`` for logging) and never
+    # synchronises otherwise runs ahead of the GPU; the read-back then waits for all the work
+    # queued since. Such a step is long by the GPU's time, not stalled: what is left of it once
+    # the time inside read-backs is taken out is an ordinary step.
+    waited = series.sync_waits if len(series.sync_waits) == len(series.times) else None
     stalls: list[int] = []
     explained = 0
     for i in judged:
         if series.times[i] <= facts.threshold:
             continue
         if series.flags[i] is StepFlag.EPOCH_START or i in saves or i in new_shapes or (
-                usual_forwards is not None and forwards[i] > usual_forwards):
+                usual_forwards is not None and forwards[i] > usual_forwards) or (
+                waited is not None and series.times[i] - waited[i] <= facts.threshold):
             explained += 1
         else:
             stalls.append(i)

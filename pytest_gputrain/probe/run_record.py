@@ -40,6 +40,7 @@ class StepSeries:
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
+    sync_waits: list[float] = field(default_factory=list)  # seconds spent inside those syncs
     flags: list[StepFlag] = field(default_factory=list)
     # Top-level forwards so far, at each step boundary: a step with more of them than usual
     # ran validation (GT118 does not call such a long step a stall).
@@ -89,6 +90,7 @@ class SyncCounts:
     """Host-device syncs asked for from Python on CUDA tensors (``hooks.wrap_sync_method``)."""
 
     pending: int = 0  # since the last step
+    pending_wait: float = 0.0  # seconds the host spent inside them since the last step
     by_call: dict[str, int] = field(default_factory=dict)
     # Steps done when torch.compile began and the wrappers were taken out (None: counted to
     # the end); later steps' counts are not the code's syncs.

@@ -46,6 +46,7 @@ is recorded in ``run.probe_errors``; it never reaches user code.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -126,6 +127,10 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
         counts.pending += 1
         counts.by_call[name] = counts.by_call.get(name, 0) + 1
 
+    # The host time inside the call is kept too: a long step whose time went into a read-back
+    # waited for GPU work queued by the steps before it (a loop without a sync per step), it
+    # did not stall. A sync costs tens of µs at least; two clock reads do not show.
+    clock = time.perf_counter
     wrapper: Callable[..., Any]
     if name in NO_ARGUMENT_METHODS:
         def wrapper(self: Any) -> Any:
@@ -133,14 +138,24 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
                 cuda = self.is_cuda  # inline: the common CPU case is one attribute read
             except Exception:
                 cuda = False
-            if cuda:
-                count()
-            return original(self)
+            if not cuda:
+                return original(self)
+            count()
+            started = clock()
+            try:
+                return original(self)
+            finally:
+                counts.pending_wait += clock() - started
     else:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if is_cuda(self):
-                count()
-            return original(self, *args, **kwargs)
+            if not is_cuda(self):
+                return original(self, *args, **kwargs)
+            count()
+            started = clock()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                counts.pending_wait += clock() - started
 
     wrapper.__name__ = getattr(original, "__name__", name)
     wrapper.__qualname__ = getattr(original, "__qualname__", name)

@@ -40,6 +40,9 @@ LOUD = {"warning", "error"}
 # GPUTRAIN_SAMPLE_TABLE=samples.md writes a Markdown table of the samples run; under
 # pytest-xdist each worker writes its own (samples.gw0.md, ...), as each sees only its samples.
 TABLE_ENV = "GPUTRAIN_SAMPLE_TABLE"
+# GPUTRAIN_SAMPLE_FACTS=DIR keeps each sample's facts file as DIR/<sample>.json (to see why a
+# sample's diagnosis differs from EXPECTED.toml).
+FACTS_ENV = "GPUTRAIN_SAMPLE_FACTS"
 
 _rows: dict[str, dict[str, Any]] = {}
 
@@ -89,6 +92,15 @@ def sample_env(name: str, spec: dict[str, Any]) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
+def sample_args(name: str, spec: dict[str, Any]) -> list[str]:
+    """The sample's ``args``: extra pytest arguments (a list of strings)."""
+    extra = spec.get("args", [])
+    if not isinstance(extra, list) or not all(isinstance(item, str) for item in extra):
+        raise ValueError(f"EXPECTED.toml [{name}]: args must be a list of strings, e.g. "
+                         f'args = ["-o", "gpu_rule_params=GT138.max_percent=10"], got {extra!r}')
+    return extra
+
+
 def _codes(findings: list[dict[str, Any]], severities: set[str]) -> list[str]:
     return sorted({f["code"] for f in findings
                    if f["scope"] in PIPELINE_SCOPES and f["severity"] in severities})
@@ -131,8 +143,12 @@ def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "pytest", str(PIPELINES / name), *_plugin_args(),
         "--gpu-diagnose", "--gpu-fail-on=never", f"--gpu-report={report}",
-        "-p", "no:cacheprovider", "-q",
+        "-p", "no:cacheprovider", "-q", *sample_args(name, spec),
     ]
+    if os.environ.get(FACTS_ENV):
+        facts_dir = Path(os.environ[FACTS_ENV])
+        facts_dir.mkdir(parents=True, exist_ok=True)
+        command.append(f"--gpu-facts-out={facts_dir / name}.json")
     _release_outer_cache()
     started = time.perf_counter()
     try:

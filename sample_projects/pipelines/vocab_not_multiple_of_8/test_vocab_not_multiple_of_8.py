@@ -25,7 +25,7 @@ HEADS = 12
 LAYERS = 4
 CONTEXT = 256
 BATCH_SIZE = 16
-STEPS = 30
+STEPS = 60
 LOG_EVERY = 10
 DEVICE = torch.device("cuda")
 

@@ -1,14 +1,16 @@
-"""Failure on purpose: deterministic algorithms on, and a decoder that upsamples bilinearly.
+"""Failure on purpose: deterministic algorithms on, and convolutions with reflection padding.
 
-A small foreground-segmentation network (a strided encoder, a head that restores the
-resolution with ``F.interpolate(mode="bilinear")``) is trained with
-``torch.use_deterministic_algorithms(True)`` so that two runs give identical masks. The forward
-pass works; the first backward does not: the CUDA backward of bilinear upsampling accumulates
-with atomic adds and has no deterministic kernel, so PyTorch raises ``RuntimeError:
-upsample_bilinear2d_backward_out_cuda does not have a deterministic implementation ...``.
+A small foreground-segmentation network whose convolutions pad by reflecting the image
+(``padding_mode="reflect"``, common in image-to-image models to avoid dark borders) is trained
+with ``torch.use_deterministic_algorithms(True)`` so that two runs give identical masks. The
+forward pass works; the first backward does not: the CUDA backward of reflection padding
+accumulates with atomic adds and has no deterministic kernel, so PyTorch raises
+``RuntimeError: reflection_pad2d_backward_cuda does not have a deterministic implementation``.
+(Bilinear upsampling, the textbook case, no longer fails: since torch 2.2 ``F.interpolate``
+falls back to a deterministic decomposition in this mode.)
 
-Fix: ``torch.use_deterministic_algorithms(True, warn_only=True)``, or upsample with
-``mode="nearest"`` / a transposed convolution, which have deterministic kernels.
+Fix: ``torch.use_deterministic_algorithms(True, warn_only=True)``, or zero / replicate padding
+(``padding_mode="zeros"`` or ``"replicate"``), which have deterministic backward kernels.
 
 Expected diagnosis: GT211 (nondeterministic operation), the test fails.
 """
@@ -31,15 +33,16 @@ class TinySegmenter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.encoder = nn.Sequential(
-            nn.Conv2d(3, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.Conv2d(3, 32, 3, stride=2, padding=1, padding_mode="reflect"),  # fault
+            nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1, padding_mode="reflect"),
+            nn.BatchNorm2d(64), nn.ReLU(),
         )
         self.head = nn.Conv2d(64, 1, 1)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         logits = self.head(self.encoder(images))
-        return F.interpolate(logits, size=images.shape[-2:], mode="bilinear",
-                             align_corners=False)
+        return F.interpolate(logits, size=images.shape[-2:], mode="nearest")
 
 
 def shapes_batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,7 +59,7 @@ def shapes_batch(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_segmenter_is_reproducible_and_learns() -> None:
     torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True)  # fault: bilinear upsampling has no such backward
+    torch.use_deterministic_algorithms(True)  # fault: reflection padding has no such backward
     torch.backends.cudnn.benchmark = False
     generator = torch.Generator().manual_seed(0)
     model = TinySegmenter().to(DEVICE)
