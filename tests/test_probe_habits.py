@@ -769,3 +769,22 @@ def test_compiles_traced_backward_is_not_a_backward_of_the_code(tmp_path: Path) 
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_tracing_check_holds_where_is_compiling_says_no() -> None:
+    # Not every torch release answers torch.compiler.is_compiling() True during the
+    # AOTAutograd joint trace; dynamo's TracingContext is open around it.
+    from types import SimpleNamespace
+
+    from pytest_gputrain.probe.torch_hooks import is_tracing
+
+    context: list[object] = []
+    fake = SimpleNamespace(
+        compiler=SimpleNamespace(is_compiling=lambda: False),
+        _guards=SimpleNamespace(TracingContext=SimpleNamespace(
+            try_get=lambda: context[-1] if context else None)))
+    tracing = is_tracing(fake)
+    assert tracing() is False
+    context.append(object())
+    assert tracing() is True
+    assert is_tracing(SimpleNamespace())() is False  # no torch.compile at all

@@ -102,14 +102,14 @@ SIGNATURES: dict[str, tuple[set[str], dict[str, Any]]] = {
         "loader.num_workers": 0, "loader.wait_percent": 40.0, "loader.wait_per_step": 0.02,
         "step_time": 0.05, "profile.busy_percent": 12.0, "nvml.utilization_mean": 15.0,
         "sync.per_step": 0.0, "sync.profiled_per_step": 16.0,
-        "profile.sync_wait_percent": 22.0}),
+        "sync.profiled_readbacks_per_step": 16.0, "profile.sync_wait_percent": 22.0}),
     "partly starving loader beside a busy GPU": ({"GT102"}, {
         "loader.num_workers": 0, "loader.wait_percent": 28.0, "loader.wait_per_step": 0.014,
         "step_time": 0.05, "profile.busy_percent": 64.0, "nvml.utilization_mean": 70.0}),
     "boolean-mask syncs made in C++": ({"GT104"}, {
         "sync.per_step": 0.0, "sync.max_per_step": 0, "sync.by_call": [],
-        "sync.profiled_per_step": 16.0, "profile.busy_percent": 14.0,
-        "profile.kernel_mean": 9.0, "profile.host_wait_percent": 95.0,
+        "sync.profiled_per_step": 16.0, "sync.profiled_readbacks_per_step": 16.0,
+        "profile.busy_percent": 14.0, "profile.kernel_mean": 9.0, "profile.host_wait_percent": 95.0,
         "memory.batch_size": 512}),
     # Healthy setups that looked like faults to the earlier conditions.
     "small model at a large batch (launch-bound, info only)": (set(), {

@@ -567,3 +567,24 @@ def test_the_sync_wrapper_times_the_calls_it_counts() -> None:
     FakeCudaTensor.is_cuda = False
     item(FakeCudaTensor())
     assert counts.pending == 1 and counts.pending_wait < 0.1
+
+
+def test_cudnn_autotuning_in_the_window_leaves_the_read_backs_unknown() -> None:
+    # cuDNN benchmark mode times its algorithms for each new shape and reads the timings back:
+    # dozens of read-backs per step that the code did not make (GT120 reports the cost).
+    times = [0.5, 0.3] + [0.02] * 20
+    record = _stall_record(times)
+    for i in range(3, 7):
+        record.steps.flags[i] = IN_WINDOW
+    record.window_facts = {"syncs_per_step": 174.0, "readback_syncs_per_step": 91.0}
+    state = ModuleState(nn.Conv1d(1, 4, 3))
+    state.conv_layers = 1
+    state.new_shape_steps = [4, 12]
+    record.forwards.modules[id(state)] = state
+    assert build_run_facts(record, ProcessReadings()).sync.profiled_readbacks_per_step == 91.0
+    record.devices.backend_flags = {"cudnn_benchmark": True}
+    sync = build_run_facts(record, ProcessReadings()).sync
+    assert sync.profiled_readbacks_per_step is None
+    assert "cuDNN" in sync.unknown["profiled_readbacks_per_step"]
+    state.new_shape_steps = [12]  # the new shape came after the window
+    assert build_run_facts(record, ProcessReadings()).sync.profiled_readbacks_per_step == 91.0

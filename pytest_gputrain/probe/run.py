@@ -63,7 +63,7 @@ from pytest_gputrain.probe.run_record import (
     StepSeries,
     WatchMode,
 )
-from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
+from pytest_gputrain.probe.torch_hooks import Installation, is_compiling, is_tracing
 from pytest_gputrain.run_facts import ForwardRecord, RunFacts
 
 _perf = time.perf_counter
@@ -93,6 +93,7 @@ class RunProbe:
             loader=LoaderWaits(LoaderTracker(cuda_initialized=self._cuda_initialized)))
         self.install = Installation(torch, self)
         self._compiling = is_compiling(torch)
+        self._tracing = is_tracing(torch)
         # What steers the hooks (not recorded).
         self.disabled = False
         self.closed = False
@@ -358,7 +359,7 @@ class RunProbe:
     def on_backward_start(self) -> None:
         # torch.compile's AOTAutograd traces the backward with autograd.grad on fake tensors,
         # under detect_anomaly(check_nan=False) for the stack traces: not the code's backward.
-        if self.disabled or self._compiling():
+        if self.disabled or self._tracing():
             return
         try:
             self.record.forwards.backwards += 1
@@ -376,7 +377,7 @@ class RunProbe:
             self._fail("backward wrapper", exc)
 
     def on_backward_end(self) -> None:
-        if self.disabled or self._compiling():
+        if self.disabled or self._tracing():
             return
         try:
             self.in_backward = max(0, self.in_backward - 1)

@@ -297,7 +297,12 @@ def _sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
         facts.profiled_per_step = profiled
     readbacks = record.window_facts.get("readback_syncs_per_step")
     if readbacks is not None:
-        facts.profiled_readbacks_per_step = readbacks
+        if _autotuned_in_window(record):
+            facts.mark_unknown("profiled_readbacks_per_step", (
+                "a step in the profiler window fed a convolution a new input shape with cuDNN "
+                "benchmark mode on: cuDNN's algorithm search reads its timings back (GT120)"))
+        else:
+            facts.profiled_readbacks_per_step = readbacks
     return facts
 
 
@@ -598,6 +603,15 @@ def _stall_facts(record: RunRecord) -> StallFacts:
         if len(stalls) >= 2:
             facts.every = int(statistics.median(b - a for a, b in itertools.pairwise(stalls)))
     return facts
+
+
+def _autotuned_in_window(record: RunRecord) -> bool:
+    """cuDNN benchmark mode met a new input shape in a step inside the profiler window."""
+    if not record.devices.backend_flags.get("cudnn_benchmark"):
+        return False
+    window = {i for i, flag in enumerate(record.steps.flags) if flag is StepFlag.IN_WINDOW}
+    return any(step in window for state in record.forwards.modules.values()
+               if state.conv_layers for step in state.new_shape_steps)
 
 
 def _shape_sensitive(record: RunRecord) -> bool:

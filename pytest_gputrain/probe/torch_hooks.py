@@ -115,6 +115,19 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
     return lambda: False
 
 
+def is_tracing(torch: Any) -> Callable[[], bool]:
+    """True while torch.compile traces or compiles: dynamo's tracing (``is_compiling``) and the
+    AOTAutograd joint trace that follows it, which runs real autograd calls on fake tensors.
+    Not every torch release answers ``is_compiling`` True during the latter (2.11 on the H200
+    did not); the TracingContext that dynamo opens around the whole compilation says it."""
+    compiling = is_compiling(torch)
+    guards = getattr(torch, "_guards", None)
+    context = getattr(getattr(guards, "TracingContext", None), "try_get", None)
+    if not callable(context):
+        return compiling
+    return lambda: compiling() or context() is not None
+
+
 def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
     """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
     def is_cuda(tensor: Any) -> bool:
