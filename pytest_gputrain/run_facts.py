@@ -107,7 +107,8 @@ class LoaderFacts(FactGroup):
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
     batch_small_tensors: int | None = fact(
         doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
-    epochs: int | None = fact(doc="iterators the main loader created (epochs)")
+    epochs: int | None = fact(doc="passes over the main loader (epochs): its iterators, and each "
+                              "reset of a persistent-workers iterator")
     batches: int = fact(doc="batches fetched from all loaders", default=0)
     wait_total: float = fact("s", "time blocked in DataLoader __next__, all loaders", default=0.0)
     wait_per_step: float | None = fact("s", "median time blocked in the loader per steady step")
@@ -269,6 +270,9 @@ class ProfileFacts(FactGroup):
     host_work_percent: float | None = fact(
         "%", "host_silent_percent - loader_wait_percent: the GPU idle while the host did "
              "other work than CUDA calls and waiting for the loader")
+    host_work_percent_steady: float | None = fact(
+        "%", "that host work per profiled step, less the time the profiled steps took beyond "
+             "a steady step (one-time work of early steps), / the steady step time")
     elementwise_percent: float | None = fact(
         "%", "eager elementwise and reduction kernels' share of kernel time")
     triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")

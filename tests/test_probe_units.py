@@ -664,3 +664,25 @@ def test_run_facts_are_json_round_trippable() -> None:
     again = RunFacts.model_validate_json(facts.model_dump_json())
     assert again == facts
     assert "torch" in sys.modules
+
+
+def test_a_persistent_workers_iterator_starts_an_epoch_at_each_reset() -> None:
+    # persistent_workers=True: DataLoader.__iter__ returns the same iterator, reset, every
+    # epoch. Its first batch waits for the workers like a new iterator's; counted as steady
+    # loader wait, it made a healthy loader look starved (GT102).
+    data = torch.utils.data.TensorDataset(torch.arange(12.0))
+    dataloader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=1,
+                                             persistent_workers=True)
+    tracker = loader.LoaderTracker()
+    starts = []
+    iterators = set()
+    for _epoch in range(3):
+        iterator = iter(dataloader)
+        iterators.add(id(iterator))
+        for batch in iterator:
+            starts.append(tracker.on_batch(iterator, batch, 0.01))
+    assert len(iterators) == 1  # the same iterator, three times
+    assert [i for i, start in enumerate(starts) if start] == [3, 6]
+    (state,) = tracker.loaders.values()
+    assert state.epochs == 3 and state.iterators == 1
+    assert state.later_first_batch_wait == pytest.approx(0.02)

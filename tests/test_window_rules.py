@@ -588,3 +588,19 @@ def test_cudnn_autotuning_in_the_window_leaves_the_read_backs_unknown() -> None:
     assert "cuDNN" in sync.unknown["profiled_readbacks_per_step"]
     state.new_shape_steps = [12]  # the new shape came after the window
     assert build_run_facts(record, ProcessReadings()).sync.profiled_readbacks_per_step == 91.0
+
+
+def test_host_work_is_judged_against_a_steady_step() -> None:
+    # A batch-8 MLP on the H200: 1.2 ms steady steps, but steps 3-6 (the window) still took
+    # 4.1 ms with 2.2 ms of host silence each: one-time work of early steps, not work that
+    # every step does.
+    flags = [STEADY] * 2 + [IN_WINDOW] * 4 + [STEADY] * 20
+    record = _window_record([0.0] * len(flags), flags, silent=52.74)
+    record.steps.times = [0.5, 0.0035] + [0.0041] * 4 + [0.0012] * 20
+    record.window_facts.update(wall=0.0164, step_time=0.0041, kernel_time_per_step=0.00007)
+    profile = build_run_facts(record, ProcessReadings()).profile
+    assert profile.host_work_percent == 52.74 and profile.host_work_percent_steady == 0.0
+    # Host work that every step does keeps its share: window steps as long as steady ones.
+    record.steps.times = [0.5, 0.0035] + [0.0041] * 24
+    profile = build_run_facts(record, ProcessReadings()).profile
+    assert profile.host_work_percent_steady == pytest.approx(52.74, abs=0.01)

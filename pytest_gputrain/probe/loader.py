@@ -32,6 +32,7 @@ class LoaderState:
     prefetch_factor: int | None
     batch_size: int | None
     iterators: int = 0
+    epochs: int = 0  # passes over the data: iterators, and each reset of a persistent one
     batches: int = 0
     wait: float = 0.0
     wait_max: float = 0.0
@@ -90,9 +91,15 @@ class LoaderTracker:
         if wait > loader.wait_max:
             loader.wait_max = wait
         epoch_start = False
-        if state.seen == 0:
+        # persistent_workers=True: DataLoader.__iter__ hands out the same iterator each epoch,
+        # reset (``_reset``), and its ``_num_yielded`` starts again from 0. Its first batch
+        # waits for the workers to start the new epoch as a new iterator's does.
+        yielded = getattr(iterator, "_num_yielded", None)
+        first = yielded == 1 if isinstance(yielded, int) else state.seen == 0
+        if first:
+            loader.epochs += 1
             loader.first_batch_wait += wait
-            if loader.iterators > 1:
+            if loader.epochs > 1:
                 loader.later_first_batch_wait += wait
                 epoch_start = True
         if state.seen < INSPECTED_BATCHES:

@@ -252,7 +252,7 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         facts.batch_size = main.batch_size
         facts.batch_pinned = main.batch_pinned
         facts.batch_small_tensors = main.batch_small_tensors
-        facts.epochs = main.iterators
+        facts.epochs = main.epochs
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)
         facts.epoch_start_wait = round(later, 6)
@@ -489,6 +489,7 @@ def _busy_outside_window(run: RunFacts) -> None:
             profile.mark_unknown(name, reason)
         return
     profile.busy_percent_unprofiled = round(min(100.0, 100.0 * kernel / step), 2)
+    _steady_host_work(profile, step)
     wait = run.loader.wait_per_step or 0.0
     copies = (profile.h2d_pageable_percent or 0.0) / 100.0 * (profile.step_time or 0.0)
     rest = step - wait - copies
@@ -499,6 +500,19 @@ def _busy_outside_window(run: RunFacts) -> None:
         return
     profile.busy_percent_without_waits = round(min(100.0, 100.0 * kernel / rest), 2)
     profile.idle_without_waits_percent = round(100.0 * max(0.0, rest - kernel) / step, 2)
+
+
+def _steady_host_work(profile: ProfileFacts, step: float) -> None:
+    """The window's host work as a share of a steady step. The window opens early (steps 3-6
+    by default), where steps still do one-time work on the host (lazy initialisation, the
+    optimizer's first states, the allocator growing): in a run of short steps that work fills
+    most of the window. Time the profiled steps took beyond a steady step cannot be work that
+    every step does, so it is taken out of the silence before comparing with a steady step."""
+    if profile.host_work_percent is None or not profile.step_time:
+        return
+    work = profile.host_work_percent / 100.0 * profile.step_time
+    extra = max(0.0, profile.step_time - step)
+    profile.host_work_percent_steady = round(min(100.0, 100.0 * max(0.0, work - extra) / step), 2)
 
 
 def _window_host_work(facts: ProfileFacts, record: RunRecord) -> None:

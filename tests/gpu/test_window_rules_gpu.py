@@ -121,9 +121,9 @@ def test_window_and_layer_facts_on_the_gpu(tmp_path: Path) -> None:
 
     launch = _run(facts, "test_launch_bound_loop")["profile"]
     assert launch["busy_percent"] < 50, launch  # mostly idle, yet always launching
-    # Launches every few µs: nothing here is a silence (the probe reads NVML on a thread; its
-    # short GIL holds between NVML calls are far below 200 µs).
-    assert launch["host_silent_percent"] < 25, launch
+    # Launches every few µs once warm. The window (steps 3-6) still holds early steps' one-time
+    # host work (31 % silence on the H200 in one run): judged against a steady step, none left.
+    assert launch["host_work_percent_steady"] < 25, launch
     assert "GT117" not in _codes(facts, "test_launch_bound_loop")
 
     blocking = _run(facts, "test_blocking_pinned_copies")["profile"]
