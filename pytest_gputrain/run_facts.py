@@ -273,6 +273,8 @@ class ProfileFacts(FactGroup):
     host_work_percent_steady: float | None = fact(
         "%", "that host work per profiled step, less the time the profiled steps took beyond "
              "a steady step (one-time work of early steps), / the steady step time")
+    layout_transpose_percent: float | None = fact(
+        "%", "cuDNN's NCHW<->NHWC conversion kernels' share of kernel time")
     elementwise_percent: float | None = fact(
         "%", "eager elementwise and reduction kernels' share of kernel time")
     triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")

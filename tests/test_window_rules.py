@@ -604,3 +604,17 @@ def test_host_work_is_judged_against_a_steady_step() -> None:
     record.steps.times = [0.5, 0.0035] + [0.0041] * 24
     profile = build_run_facts(record, ProcessReadings()).profile
     assert profile.host_work_percent_steady == pytest.approx(52.74, abs=0.01)
+
+
+def test_cudnn_layout_conversions_are_their_own_family() -> None:
+    kernels = [
+        _k("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nchw", 0, 40),
+        _k("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16, __nv_bfloat16, float, false>",
+           40, 55),
+        _k("void cudnn::ops::nhwcToNchwKernel<__nv_bfloat16, __nv_bfloat16, float, true>",
+           55, 60),
+        _k("void at::native::vectorized_elementwise_kernel<4, BatchNormOp>", 60, 100),
+    ]
+    facts = profiler_window.kernel_families(kernels)
+    assert facts["layout_transpose_percent"] == 20.0
+    assert profiler_window.kernel_families([])["layout_transpose_percent"] is None

@@ -75,6 +75,9 @@ ELEMENTWISE_PATTERN = re.compile(r"elementwise_kernel|reduce_kernel", re.IGNOREC
 # TorchInductor's generated kernels: triton_poi_/triton_red_/triton_per_/triton_tem_fused_...
 # (older releases: triton__0d1d2d...).
 TRITON_PATTERN = re.compile(r"^(void )?triton_", re.IGNORECASE)
+# cuDNN's layout conversions around tensor-core convolutions of NCHW tensors
+# (cudnn::ops::nchwToNhwcKernel, nhwcToNchwKernel).
+LAYOUT_TRANSPOSE_PATTERN = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
 # NCCL collectives: ncclKernel_AllReduce_RING_LL_Sum_float (NCCL < 2.19),
 # ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19 and later).
 COMM_PATTERN = re.compile(r"nccl", re.IGNORECASE)
@@ -334,14 +337,18 @@ def small_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wa
 
 
 def kernel_families(kernels: Sequence[GpuEvent]) -> dict[str, Any]:
-    """Eager elementwise/reduction kernels' and Triton kernels' shares of kernel time (GT128)."""
+    """Eager elementwise/reduction kernels' and Triton kernels' shares of kernel time (GT128),
+    and cuDNN's NCHW<->NHWC conversions (GT126: the cost channels_last removes)."""
     total = sum(e.duration_ns for e in kernels)
     if not total:
-        return {"elementwise_percent": None, "triton_percent": None}
+        return {"elementwise_percent": None, "triton_percent": None,
+                "layout_transpose_percent": None}
     elementwise = sum(e.duration_ns for e in kernels if ELEMENTWISE_PATTERN.search(e.name))
     triton = sum(e.duration_ns for e in kernels if TRITON_PATTERN.search(e.name))
+    transposes = sum(e.duration_ns for e in kernels if LAYOUT_TRANSPOSE_PATTERN.search(e.name))
     return {"elementwise_percent": round(100.0 * elementwise / total, 2),
-            "triton_percent": round(100.0 * triton / total, 2)}
+            "triton_percent": round(100.0 * triton / total, 2),
+            "layout_transpose_percent": round(100.0 * transposes / total, 2)}
 
 
 def communication(kernels: Sequence[GpuEvent], wall_ns: int) -> dict[str, Any]:
