@@ -618,3 +618,33 @@ def test_cudnn_layout_conversions_are_their_own_family() -> None:
     facts = profiler_window.kernel_families(kernels)
     assert facts["layout_transpose_percent"] == 20.0
     assert profiler_window.kernel_families([])["layout_transpose_percent"] is None
+
+
+def test_long_steps_the_gpus_lag_accounts_for_are_not_stalls() -> None:
+    # A compiled GPU-bound loop that logs every 20 steps (the sync wrappers are out once
+    # torch.compile starts, so nothing is timed): 2.8 ms host steps, 38 ms of kernels a step.
+    # The host runs ahead and waits at each read-back for the work queued since.
+    times = [0.5, 0.3] + [0.0028] * 60
+    for i in (21, 41, 61):
+        times[i] = 0.5
+    record = _stall_record(times)
+    stalls = build_run_facts(record, ProcessReadings()).stalls
+    assert stalls.steps == 3  # without the window's kernel time: stalls
+    record.window_facts = {"kernel_time_per_step": 0.038}
+    stalls = build_run_facts(record, ProcessReadings()).stalls
+    assert stalls.steps == 0 and stalls.explained == 3
+    # A GPU faster than the host has no queue to drain: a CPU report every 20 steps stalls.
+    record.window_facts = {"kernel_time_per_step": 0.002}
+    assert build_run_facts(record, ProcessReadings()).stalls.steps == 3
+    # Extra time far beyond the lag: more than queued work.
+    for i in (21, 41, 61):
+        record.steps.times[i] = 5.0
+    record.window_facts = {"kernel_time_per_step": 0.038}
+    assert build_run_facts(record, ProcessReadings()).stalls.steps == 3
+    # Where the read-backs were timed (no torch.compile), their waits decide, not the lag.
+    for i in (21, 41, 61):
+        record.steps.times[i] = 0.5
+    record.steps.sync_waits = [0.0] * len(record.steps.times)
+    assert build_run_facts(record, ProcessReadings()).stalls.steps == 3
+    record.syncs.stopped_at = 5  # torch.compile took the wrappers out in step 6
+    assert build_run_facts(record, ProcessReadings()).stalls.steps == 0
