@@ -1,6 +1,8 @@
 """The training steps the overhead and power benchmarks time: a small conv net on the GPU (about
-8 ms at batch 512 on an H200, GPU-bound), an MLP on the CPU for smoke runs, and ResNet-18
-(``diagnose_overhead.ResNet18``) at a small batch, which is launch-bound on a fast GPU."""
+8 ms at batch 512 on an H200, GPU-bound), an MLP on the CPU for smoke runs, and ResNet-18 at a
+small batch, which is launch-bound on a fast GPU. (``diagnose_overhead.py`` writes the same
+ResNet-18 into the test file its processes run: that file is plain user code, imports nothing
+of ours.)"""
 
 from __future__ import annotations
 
@@ -47,12 +49,39 @@ def sgd_step(torch: Any, model: Any, inputs: Any, device: str, classes: int = 10
 def build_resnet18_step(torch: Any, device: str, batch: int, size: int, width: int = 64) -> Any:
     """ResNet-18 (torchvision's layout, ``width`` channels in the first stage) on a fixed fp32
     batch of ``size`` x ``size`` images."""
-    from diagnose_overhead import ResNet18  # benchmarks/ is on sys.path
-
     torch.manual_seed(0)
-    model = ResNet18(classes=10, width=width).to(device)
+    model = resnet18(torch, classes=10, width=width).to(device)
     inputs = torch.randn(batch, 3, size, size, device=device)
     return sgd_step(torch, model, inputs, device)
+
+
+def resnet18(torch: Any, classes: int, width: int) -> Any:
+    """torchvision's ResNet-18 layout (BasicBlocks of two 3x3 convolutions, batch norms, a 1x1
+    projection where the shape changes), ``width`` channels in the first stage."""
+    nn = torch.nn
+
+    class BasicBlock(nn.Module):  # type: ignore[misc, name-defined]
+        def __init__(self, inp: int, out: int, stride: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.Conv2d(inp, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out),
+                nn.ReLU(inplace=True), nn.Conv2d(out, out, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(out))
+            self.down = (nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False),
+                                       nn.BatchNorm2d(out))
+                         if stride != 1 or inp != out else nn.Identity())
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.body(x) + self.down(x))
+
+    layers, channels = [], width
+    for index, out in enumerate((width, width * 2, width * 4, width * 8)):
+        layers += [BasicBlock(channels, out, 1 if index == 0 else 2), BasicBlock(out, out, 1)]
+        channels = out
+    return nn.Sequential(
+        nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(channels, classes))
 
 
 def size_batch(torch: Any, device: str, target: tuple[float, float],

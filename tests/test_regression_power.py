@@ -94,3 +94,19 @@ def test_bad_arguments(argv: list[str]) -> None:
                                capture_output=True, text=True, timeout=120, check=False)
     assert completed.returncode == 2
     assert "error:" in completed.stderr
+
+
+def test_the_launch_bound_step_builds_and_trains_on_the_cpu() -> None:
+    # The "launch" step (ResNet-18 at a small batch) is the one only a GPU times; building it
+    # must not depend on another benchmark's internals (it once imported a class that moved).
+    import torch
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import training_step
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    step = training_step.build_resnet18_step(torch, "cpu", batch=2, size=32, width=8)
+    step()
+    model = training_step.resnet18(torch, classes=10, width=64)
+    assert sum(p.numel() for p in model.parameters()) == 11_181_642  # torchvision's ResNet-18
