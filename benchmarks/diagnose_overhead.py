@@ -19,6 +19,11 @@ diagnose / plain (goal <= 1.03; every round runs after the profiler window, so w
 leaves behind counts). The warm-ups run one process at a time too; the diagnosing processes'
 extra warm-up time is the diagnosis's cost per test (hooks, the window, CUPTI's start).
 
+Every process is pinned to the same ``--cpus`` CPUs (default 8 on CUDA; ``os.sched_setaffinity``
+before it starts): only one runs a round at a time, and a host-bound loop's speed depends on
+the cores it lands on, which would otherwise differ from process to process and from mode to
+mode.
+
     python benchmarks/diagnose_overhead.py                    # CUDA: about 2.5 minutes on an H200
     python benchmarks/diagnose_overhead.py --device cpu       # tiny sizes, runs anywhere
     python benchmarks/diagnose_overhead.py --json out.json --check
@@ -264,7 +269,19 @@ def mode_arguments(mode: str, autoload: bool, facts: Path) -> list[str]:
     return [*load, "--gpu-diagnose", "--gpu-fail-on=never", f"--gpu-facts-out={facts}"]
 
 
-def launch(workdir: Path, config: dict[str, Any], mode: str, autoload: bool) -> Process:
+def pinned_cpus(count: int | None, device: str) -> list[int]:
+    """The first ``count`` CPUs this process may use (default 8 on cuda, none on cpu); [] for
+    no pinning."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    allowed = sorted(os.sched_getaffinity(0))
+    if count is None:
+        count = 8 if device == "cuda" else 0
+    return allowed[:count] if 0 < count < len(allowed) else []
+
+
+def launch(workdir: Path, config: dict[str, Any], mode: str, autoload: bool,
+           cpus: list[int]) -> Process:
     ident = config["id"]
     facts = workdir / f"facts-{ident}.json"
     log = workdir / f"log-{ident}.txt"
@@ -277,8 +294,9 @@ def launch(workdir: Path, config: dict[str, Any], mode: str, autoload: bool) -> 
                "-c", str(workdir / "pytest.ini"), "--rootdir", str(workdir),
                *mode_arguments(mode, autoload, facts), str(workdir / "test_overhead_loop.py")]
     with log.open("wb") as stream:
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         popen = subprocess.Popen(command, cwd=workdir, env=env, stdout=stream,
-                                 stderr=subprocess.STDOUT)
+                                 stderr=subprocess.STDOUT, preexec_fn=pin)
     return Process(ident, config["loop"], mode, popen, log, facts)
 
 
@@ -419,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="change one size, e.g. mlp.batch=2048 (repeatable; keys as printed)")
     parser.add_argument("--item-every", type=int, default=25,
                         help="steps between two loss.item() calls (default 25)")
+    parser.add_argument("--cpus", type=int, default=None,
+                        help="pin every process to this many CPUs, the same ones (default 8 "
+                             "on cuda; 0: no pinning)")
     parser.add_argument("--seed", type=int, default=0, help="for the round order")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true",
@@ -430,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not loops:
         parser.error(f"--loops: {', '.join(unknown) or 'none given'}; choose from "
                      f"{', '.join(LOOPS)}")
+    if args.cpus is not None and args.cpus < 0:
+        parser.error(f"--cpus must be at least 0, got {args.cpus}")
+    cpus = pinned_cpus(args.cpus, args.device)
     for name in ("procs", "rounds", "steps", "item_every"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -474,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "device": args.device, "size": size,
                                       "item_every": args.item_every, "address": address,
                                       "key": key.hex()}
-                            processes.append(launch(workdir, config, mode, autoload))
+                            processes.append(launch(workdir, config, mode, autoload, cpus))
                 connect_all(listener, processes)
                 check_modes(processes)
                 for loop in loops:
@@ -505,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     hello = processes[0].hello
     print(f"--gpu-diagnose overhead on {hello['device_name']} (torch {hello['torch']}, CUDA "
           f"{hello['cuda']}): {args.procs} process(es) per mode and loop, {args.rounds} "
-          f"interleaved rounds each; plugin {'autoloaded' if autoload else 'loaded with -p'}")
+          f"interleaved rounds each; plugin {'autoloaded' if autoload else 'loaded with -p'}; "
+          f"{'CPUs ' + ','.join(map(str, cpus)) if cpus else 'not pinned to CPUs'}")
     for loop in loops:
         print_loop(loop, sizes[loop], results[loop], args.item_every)
     print(f"\ntook {elapsed:.1f} s")
@@ -513,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "device": args.device, "device_name": hello["device_name"], "torch": hello["torch"],
             "cuda": hello["cuda"], "procs": args.procs, "rounds": args.rounds,
-            "item_every": args.item_every, "sizes": sizes, "loops": results,
+            "item_every": args.item_every, "cpus": cpus, "sizes": sizes, "loops": results,
             "goals": GOALS, "elapsed_s": round(elapsed, 1)}, indent=2) + "\n")
     missed = [f"{loop} {mode} {results[loop]['ratios'][mode]:.4f}" for loop in loops
               for mode in ("loaded", "diagnose")

@@ -20,10 +20,18 @@ parent process, which reads the runs back from the store and decides with the ga
 ``compare_test`` (t-test over per-session medians, ``--threshold``, ``--alpha``), as
 ``python -m pytest_gputrain compare`` does in CI.
 
-The slowdown is 5 % of the step's median, measured in a calibration session: host-side busy
-work before each step for the launch-bound step, a GPU spin kernel (``torch.cuda._sleep``)
-after each step for the GPU-bound one. Sessions of the unchanged and the slowed step alternate
-(two unchanged to one slowed), so drift in clocks or temperature hits both alike.
+The slowdown makes the step 5 % slower, measured in a calibration session: for the GPU-bound
+step a GPU spin kernel (``torch.cuda._sleep``) of 5 % of the step's median after each step; for
+the launch-bound step host-side busy work before each step, sized in the calibration session so
+that the step's median rises by 5 % (while the host has slack, host work below it hides behind
+the queued kernels and slows nothing: on the H200 a quiet ResNet-18 batch-32 session runs at
+the GPU's pace, and 5 % of host work left its sessions at the unchanged median).
+
+Each device's stream of sessions is pinned to its own CPUs (``--cpus-per-session``, default 8;
+``os.sched_setaffinity``), so the streams do not take each other's cores and every session of
+a stream runs on the same ones, as a CI job on one runner does. Sessions of the unchanged and
+the slowed step alternate (two unchanged to one slowed), so drift in clocks or temperature
+hits both alike.
 
 Trials are formed from the pools of sessions: a power trial draws ``--sessions`` unchanged
 sessions as the baseline and as many slowed ones as the candidate; a false-alarm trial draws
@@ -120,8 +128,30 @@ def slowed(torch: Any, step: Callable[[], None], how: str, amount: float) -> Cal
     return gpu_slowed
 
 
+def host_work_for(median: float, slowdown: float,
+                  measure: Callable[[float], float]) -> tuple[float, float]:
+    """Host busy-wait before each step that makes the step's median ``slowdown`` slower (to a
+    tenth of ``slowdown``), and the median it reached; ``measure(amount)`` times the step with
+    that much host work. Host work first fills the host's slack, where the GPU still sets the
+    pace and the step is no slower (the amount doubles), then adds to the step one for one
+    (each try corrects by the miss)."""
+    target, tolerance = median * (1 + slowdown), median * slowdown / 10
+    amount, reached = slowdown * median, median
+    for _ in range(12):
+        reached = measure(amount)
+        if abs(reached - target) <= tolerance:
+            break
+        if reached < median + 2 * tolerance:  # hidden behind the queued kernels
+            amount *= 2
+        else:
+            amount = max(0.0, amount + target - reached)
+    return amount, reached
+
+
 def run_session(spec: dict[str, Any]) -> dict[str, Any]:
     """One session: build the step, time it with the plugin's engine, save it as one run."""
+    if spec.get("cpus"):
+        os.sched_setaffinity(0, spec["cpus"])
     import torch
 
     from pytest_gputrain.regression.benchmark import BenchmarkOptions, GpuBenchmark
@@ -146,6 +176,16 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
                            "fingerprint": result.fingerprint, "conditions": result.conditions}
     if spec.get("calibrate") and device != "cpu":
         out["cycles_per_second"] = spin_cycles_per_second(torch)
+    if spec.get("calibrate_host"):
+        probe = BenchmarkOptions(warmup=10, min_rounds=60, max_rounds=60, max_time=3600.0)
+
+        def measure(amount: float) -> float:
+            timed = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}/sizing", probe)
+            candidate = slowed(torch, step, "host", amount)
+            return float(median(timed(candidate, device=device).clean_step_times()))
+
+        out["host_amount"], out["host_reached"] = host_work_for(
+            out["median"], spec["calibrate_host"], measure)
     with open_store(spec["store"]) as store:
         out["run_id"] = save_results(store, spec["name"], [result], commit=None).id
     return out
@@ -159,6 +199,23 @@ def _session_entry(spec: dict[str, Any], connection: Any) -> None:
         raise
     finally:
         connection.close()
+
+
+def pinned_cpus(streams: int, per_session: int | None, device: str) -> list[list[int]]:
+    """Each stream's CPUs: disjoint sets of ``per_session`` CPUs this process may use (default:
+    8 on cuda, all of them on cpu); empty lists when not pinned (0, or too few CPUs)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if per_session is None:
+        per_session = 8 if device == "cuda" else len(allowed) // streams
+    per_session = min(per_session, len(allowed) // streams)
+    if per_session < 1:
+        return [[] for _ in range(streams)]
+    return [allowed[i * per_session:(i + 1) * per_session] for i in range(streams)]
+
+
+def format_cpus(cpus: list[int]) -> str:
+    return f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else \
+        ",".join(map(str, cpus))
 
 
 def start_session(context: Any, spec: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
                              "on for cuda, off for cpu)")
     parser.add_argument("--store", help="store for the sessions: a file or a postgresql:// URL "
                                         "(default: a new SQLite file in a temporary folder)")
+    parser.add_argument("--cpus-per-session", type=int, default=None,
+                        help="pin each device's stream of sessions to this many CPUs of its "
+                             "own (default: 8 for cuda, as many as there are; 0: no pinning)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' draws")
     parser.add_argument("--json", metavar="PATH", help="also write everything as JSON")
     args = parser.parse_args(argv)
@@ -292,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.devices < 1 or (args.device == "cpu" and args.devices != 1):
         parser.error("--devices must be >= 1 (and 1 with --device cpu)")
     cold = args.cold if args.cold is not None else args.device == "cuda"
+    if args.cpus_per_session is not None and args.cpus_per_session < 0:
+        parser.error("--cpus-per-session must be >= 0")
     started = time.perf_counter()
     deadline = started + args.budget_s
 
@@ -301,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     open_store(store_location).close()  # created once, before the sessions race to it
 
     devices = ["cpu"] if args.device == "cpu" else [f"cuda:{i}" for i in range(args.devices)]
+    cpu_sets = pinned_cpus(len(devices), args.cpus_per_session, args.device)
     forked = multiprocessing.get_context("forkserver")
     # The forkserver imports once what every session needs (torch without CUDA, the steps, the
     # plugin's engine and store); each session is a fork of it, with its own CUDA context.
@@ -314,17 +377,25 @@ def main(argv: list[str] | None = None) -> int:
                  "slowdown": "", "amount": 0.0}
 
     pools = {step: Pool(step, DESCRIPTIONS[(step, args.device)]) for step in steps}
+    streams = list(zip(devices, cpu_sets, strict=True))
+    pinning = ("; ".join(f"{d} on CPUs {format_cpus(c)}" for d, c in streams)
+               if cpu_sets[0] else "not pinned to CPUs")
     print(f"regression power: sessions in separate processes on {', '.join(devices)}; "
-          f"{args.rounds} timed steps a session after {args.warmup} warm-up steps; store "
-          f"{describe(store_location)}", flush=True)
+          f"{args.rounds} timed steps a session after {args.warmup} warm-up steps; "
+          f"{pinning}; store {describe(store_location)}", flush=True)
     for step, pool in pools.items():  # calibration: the step's median, and its cost when cold
+        host = step == "launch" or args.device == "cpu"
         spec = {**base_spec, "step": step, "device": devices[0], "name": f"{step}/calibration",
-                "calibrate": True}
+                "calibrate": True, "cpus": cpu_sets[0],
+                "calibrate_host": args.slowdown if host else 0.0}
         pool.calibration = start_session(spawned if cold else forked, spec)
         median = pool.calibration["median"]
         pool.extra_seconds = args.slowdown * median
-        if step == "launch" or args.device == "cpu":
-            pool.slowdown, pool.amount = "host", pool.extra_seconds
+        if host:
+            pool.slowdown, pool.amount = "host", pool.calibration["host_amount"]
+            print(f"  sized {step}'s host work: {format_seconds(pool.amount)} before each step "
+                  f"took the median from {format_seconds(median)} to "
+                  f"{format_seconds(pool.calibration['host_reached'])}", flush=True)
         else:
             pool.slowdown = "gpu"
             pool.amount = pool.extra_seconds * pool.calibration["cycles_per_second"]
@@ -341,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     counter = [0]
     failures: list[str] = []
 
-    def stream(device: str) -> None:
+    def stream(device: str, cpus: list[int]) -> None:
         while True:
             with lock:
                 walls = [w for pool in pools.values() for w in pool.walls()]
@@ -352,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 counter[0] += 1
                 number = counter[0]
             pool = pools[step]
-            spec = {**base_spec, "step": step, "device": device,
+            spec = {**base_spec, "step": step, "device": device, "cpus": cpus,
                     "name": f"{step}/{kind}/{number:03d}"}
             if kind == "slowed":
                 spec.update(slowdown=pool.slowdown, amount=pool.amount)
@@ -370,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {step}: {done} sessions ({time.perf_counter() - started:.0f} s)",
                       flush=True)
 
-    threads = [threading.Thread(target=stream, args=(d,)) for d in devices]
+    threads = [threading.Thread(target=stream, args=(d, c)) for d, c in streams]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -380,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha)
-    report: dict[str, Any] = {"pid": os.getpid(), "devices": devices, "rounds": args.rounds,
+    report: dict[str, Any] = {"pid": os.getpid(), "devices": devices, "cpu_sets": cpu_sets,
+                              "rounds": args.rounds,
                               "warmup": args.warmup,
                               "sessions_a_side": n, "threshold": args.threshold,
                               "alpha": args.alpha, "slowdown": args.slowdown,
@@ -429,14 +501,18 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     spread = pooled_spread([unchanged])
     assert spread.sd is not None
     measured = statistics.geometric_mean(slow) / statistics.geometric_mean(unchanged) - 1
-    how = ("host busy-wait before each step" if pool.slowdown == "host"
-           else "GPU spin kernel (torch.cuda._sleep) after each step")
+    if pool.slowdown == "host":
+        how = (f"host busy-wait before each step, sized to slow the calibration session by "
+               f"{args.slowdown * 100:g} %")
+    else:
+        how = (f"GPU spin kernel (torch.cuda._sleep) after each step, "
+               f"{args.slowdown * 100:g} % of the calibration median")
     print(f"unchanged pool: {len(unchanged)} sessions, medians "
           f"{format_seconds(min(unchanged))} - {format_seconds(max(unchanged))}, spread between "
           f"sessions {spread.sd * 100:.2f} % ({spread.df} df)")
-    print(f"slowed pool: {len(slow)} sessions, {how}: {format_seconds(pool.extra_seconds)} "
-          f"({args.slowdown * 100:g} % of the calibration median), measured "
-          f"{measured * 100:+.2f} %")
+    extra = pool.amount if pool.slowdown == "host" else pool.extra_seconds
+    print(f"slowed pool: {len(slow)} sessions, {how}: {format_seconds(extra)}; measured "
+          f"{measured * 100:+.2f} % over the unchanged pool")
     rows = trials(store_location, pool, n, count, args.seed, gate)
     caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
     alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"])

@@ -46,6 +46,28 @@ def test_required_sessions_matches_scipy() -> None:
     assert required(0.5, 30, 0.05, 0.025, 0.01) is None  # more than 50 a side
 
 
+def test_host_work_is_sized_past_the_hosts_slack() -> None:
+    """While the GPU sets the pace, host work hides behind the queue; the sizing adds the
+    shortfall until the step is 5 % slower, not 5 % of the step."""
+    module = _power_module()
+    tried: list[float] = []
+
+    def measure(amount: float) -> float:
+        tried.append(amount)
+        return max(0.0075, 0.005 + amount)  # GPU 7.5 ms; host 5 ms a step plus the work
+
+    sized = module.host_work_for  # type: ignore[attr-defined]
+    amount, reached = sized(0.0075, 0.05, measure)
+    assert reached == pytest.approx(0.0075 * 1.05)
+    assert amount == pytest.approx(0.0075 * 1.05 - 0.005)
+    assert tried[0] == pytest.approx(0.0075 * 0.05)  # 5 % of the step first: no slower at all
+    assert tried[1] == pytest.approx(2 * tried[0])  # hidden: doubled
+    assert len(tried) == 5  # 5 %, 10 %, 20 %, 40 % (past the target), then corrected
+
+    host_bound, _ = sized(0.010, 0.05, lambda amount: 0.010 + amount)
+    assert host_bound == pytest.approx(0.0005)  # a host-bound step: 5 % of it, found at once
+
+
 def test_cpu_smoke_run(tmp_path: Path) -> None:
     """Every session its own process, saved in the store; trials drawn from the pools and
     decided in the parent; figures printed and written as JSON."""
@@ -110,3 +132,15 @@ def test_the_launch_bound_step_builds_and_trains_on_the_cpu() -> None:
     step()
     model = training_step.resnet18(torch, classes=10, width=64)
     assert sum(p.numel() for p in model.parameters()) == 11_181_642  # torchvision's ResNet-18
+
+
+def test_each_stream_gets_its_own_cpus() -> None:
+    import os
+
+    module = _power_module()
+    allowed = sorted(os.sched_getaffinity(0))
+    sets = module.pinned_cpus(2, 8, "cuda")  # type: ignore[attr-defined]
+    per = min(8, len(allowed) // 2)
+    assert [len(s) for s in sets] == [per, per]
+    assert not set(sets[0]) & set(sets[1]) and set(sets[0]) | set(sets[1]) <= set(allowed)
+    assert module.pinned_cpus(2, 0, "cuda") == [[], []]  # type: ignore[attr-defined]
