@@ -67,6 +67,19 @@ def test_host_work_is_sized_past_the_hosts_slack() -> None:
     host_bound, _ = sized(0.010, 0.05, lambda amount: 0.010 + amount)
     assert host_bound == pytest.approx(0.0005)  # a host-bound step: 5 % of it, found at once
 
+    # A sharp step (the H200's ResNet-18: unchanged below 0.9 ms of host work, 12 % slower
+    # from 1.5 ms) never lands on the target: the least overshooting measured amount comes back.
+    tried = []
+
+    def sharp(amount: float) -> float:
+        tried.append(amount)
+        return 0.0075 if amount < 0.0012 else 0.0084
+
+    amount, reached = sized(0.0075, 0.05, sharp)
+    assert reached == 0.0084 and amount in tried
+    assert amount == min(a for a in tried if a >= 0.0012)
+    assert host_bound == pytest.approx(0.0005)  # a host-bound step: 5 % of it, found at once
+
 
 def test_cpu_smoke_run(tmp_path: Path) -> None:
     """Every session its own process, saved in the store; trials drawn from the pools and
