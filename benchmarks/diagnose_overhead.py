@@ -24,7 +24,7 @@ before it starts): only one runs a round at a time, and a host-bound loop's spee
 the cores it lands on, which would otherwise differ from process to process and from mode to
 mode.
 
-    python benchmarks/diagnose_overhead.py                    # CUDA: about 2.5 minutes on an H200
+    python benchmarks/diagnose_overhead.py                    # CUDA: about 2 minutes on an H200
     python benchmarks/diagnose_overhead.py --device cpu       # tiny sizes, runs anywhere
     python benchmarks/diagnose_overhead.py --json out.json --check
 """
@@ -62,9 +62,9 @@ REPLY_TIMEOUT = 300.0  # seconds for one warm-up or round
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "cuda": {
         "resnet18": {"batch": 32, "image": 224, "width": 64, "classes": 1000, "batches": 16,
-                     "steps": 300, "warmup": 30},
+                     "steps": 250, "warmup": 30},
         "mlp": {"batch": 1024, "features": 1024, "width": 2048, "depth": 8, "classes": 1000,
-                "batches": 16, "steps": 800, "warmup": 30},
+                "batches": 16, "steps": 250, "warmup": 30},
     },
     "cpu": {
         "resnet18": {"batch": 4, "image": 32, "width": 8, "classes": 10, "batches": 8,
@@ -428,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="cuda (default; the issue's sizes) or cpu (tiny sizes)")
     parser.add_argument("--loops", default=",".join(LOOPS),
                         help=f"comma-separated, of {', '.join(LOOPS)} (default both)")
-    parser.add_argument("--procs", type=int, default=2, help="processes per mode and loop")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per process")
+    parser.add_argument("--procs", type=int, default=4,
+                        help="processes per mode and loop (default 4: a host-bound loop's "
+                             "speed differs from process to process by several %%)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per process (default 2)")
     parser.add_argument("--steps", type=int, help="steps per round (default per loop)")
     parser.add_argument("--warmup", type=int, help="warm-up steps (default per loop; the "
                         "probe's profiler window, steps 3-6, must fall inside)")
