@@ -373,3 +373,17 @@ def test_judging_a_recording_is_linear_in_its_records(monkeypatch: pytest.Monkey
     assert sorted(runs_found) == sorted(f"t.py::t[{i}]" for i in range(count))
     assert len(looked_at) <= 4 * count  # each record once, and each failure's run once
     assert len(built) == 1
+
+
+@pytest.mark.parametrize("command", ["", "replay", "rules", "explain", "facts", "schema",
+                                     "compare", "history"])
+def test_every_command_prints_its_help(command: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse expands % in help texts: a default such as "step_time:5%" must not break it."""
+    with pytest.raises(SystemExit) as exited:
+        main([*filter(None, [command]), "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:")
+    if command == "compare":
+        assert "step_time:5%" in out

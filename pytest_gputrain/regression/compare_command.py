@@ -49,7 +49,8 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("current", metavar="CURRENT", help="the candidate: NAME, #ID or latest")
     add_store_argument(parser)
     parser.add_argument("--regression", metavar="SPEC", default=DEFAULT_REGRESSION,
-                        help=f"what counts as a regression (default {DEFAULT_REGRESSION})")
+                        help="what counts as a regression (default "
+                             f"{DEFAULT_REGRESSION.replace('%', '%%')})")
     parser.add_argument("--alpha", default=str(DEFAULT_ALPHA),
                         help=f"significance level over sessions (default {DEFAULT_ALPHA})")
     parser.add_argument("--force", action="store_true",
