@@ -11,6 +11,7 @@ from the wording users report. Each case names its source.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -391,6 +392,40 @@ def test_a_worker_killed_by_a_bus_error() -> None:
     # "exited unexpectedly" is caused by "... is killed by signal: Bus error."
     assert (facts.loader_cause, facts.signal) == ("shared_memory", "Bus error")
     assert facts.in_loader_worker
+
+
+def _bus_error() -> None:
+    import faulthandler
+
+    faulthandler.disable()  # pytest's, inherited through fork: no dump of a deliberate signal
+    os.kill(os.getpid(), signal.SIGBUS)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGBUS"), reason="POSIX signals")
+def test_a_bus_error_seen_by_the_status_check_is_named_from_the_dead_worker() -> None:
+    """torch's status check (not its SIGCHLD handler) saw the worker die: the message names no
+    signal, the reaped worker in the raising frame does."""
+    worker = multiprocessing.get_context("fork").Process(target=_bus_error)
+    worker.start()
+    worker.join(30)
+    assert worker.exitcode == -signal.SIGBUS
+
+    def try_get_data() -> None:
+        failed_workers = [worker]
+        raise RuntimeError(f"DataLoader worker (pid(s) {failed_workers[0].pid}) exited "
+                           "unexpectedly")
+
+    exc = _raised(try_get_data)
+    facts = failures.build_failure("t::bus", "call", exc, None)
+    assert facts is not None and facts.kind == "loader_worker"
+    assert (facts.loader_cause, facts.signal) == ("shared_memory", "Bus error")
+
+    def plain_exit() -> None:
+        failed_workers = [object()]  # not a process: nothing to read
+        raise RuntimeError(f"DataLoader worker (pid(s) 1) exited unexpectedly {failed_workers}")
+
+    quiet = failures.build_failure("t::exit", "call", _raised(plain_exit), None)
+    assert quiet is not None and (quiet.loader_cause, quiet.signal) == ("crashed", None)
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")

@@ -12,7 +12,9 @@ where users still meet them), and the CUDA runtime's error strings.
 from __future__ import annotations
 
 import re
-from typing import Final
+import signal as signal_module
+from types import TracebackType
+from typing import Any, Final
 
 from pytest_gputrain.run_facts import FailureKind
 
@@ -356,6 +358,26 @@ def loader_crash(message: str) -> tuple[str | None, str | None]:
     if signal is not None and signal.lower() == "killed":
         return "host_memory", signal
     return "crashed", signal
+
+
+def dead_worker_signal(tb: TracebackType | None) -> str | None:
+    """The signal that killed a DataLoader worker ('Bus error'), from the worker processes in
+    the failing frames. torch's message names the signal only when its SIGCHLD handler saw the
+    death first; when its periodic status check saw it, the message says only "exited
+    unexpectedly", and the frame that raised holds the reaped workers (``failed_workers``)."""
+    from multiprocessing.process import BaseProcess
+
+    while tb is not None:
+        try:
+            candidates: Any = tb.tb_frame.f_locals.get("failed_workers") or ()
+            for worker in candidates:
+                code = worker.exitcode if isinstance(worker, BaseProcess) else None
+                if isinstance(code, int) and code < 0:
+                    return signal_module.strsignal(-code) or f"signal {-code}"
+        except Exception:  # a frame's locals are the user's: never fail the diagnosis on them
+            pass
+        tb = tb.tb_next
+    return None
 
 
 def compile_stage(exc_type: str, message: str) -> str | None:

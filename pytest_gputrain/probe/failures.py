@@ -24,6 +24,7 @@ from pytest_gputrain.probe.failure_kinds import (
     classify_exception,
     compile_stage,
     cuda_unavailable_cause,
+    dead_worker_signal,
     driver_problem,
     failing_exception,
     in_loader_worker,
@@ -202,7 +203,8 @@ def build_failure(nodeid: str, when: str, exc: BaseException, tb: TracebackType 
         _fill_mismatch(facts, tb, probe, torch)
     if kind == "no_kernel_image":
         _fill_arch(facts, probe, torch)
-    _fill_details(facts, chain_text(source), tb, probe, torch, state or {})
+    _fill_details(facts, chain_text(source), tb if tb is not None else source.__traceback__,
+                  probe, torch, state or {})
     if facts.sticky:
         facts.unknown["allocated"] = f"the CUDA context is unusable after a {kind} error"
     return facts
@@ -385,6 +387,9 @@ def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, p
         facts.cublas_workspace_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     elif kind == "loader_worker":
         facts.loader_cause, facts.signal = loader_crash(message)
+        if facts.signal is None and (killed_by := dead_worker_signal(tb)) is not None:
+            facts.loader_cause, facts.signal = loader_crash(
+                f"{message}\nkilled by signal: {killed_by}.")
     elif kind == "compile":
         facts.compile_stage = compile_stage(facts.exc_type, message)
     elif kind == "numpy_on_cuda":
