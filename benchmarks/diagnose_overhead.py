@@ -50,6 +50,9 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+from cpu_pinning import cpu_sets
+from cpu_pinning import describe as describe_cpus
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("plain", "loaded", "diagnose")
 LOOPS = ("resnet18", "mlp")
@@ -269,17 +272,6 @@ def mode_arguments(mode: str, autoload: bool, facts: Path) -> list[str]:
     return [*load, "--gpu-diagnose", "--gpu-fail-on=never", f"--gpu-facts-out={facts}"]
 
 
-def pinned_cpus(count: int | None, device: str) -> list[int]:
-    """The first ``count`` CPUs this process may use (default 8 on cuda, none on cpu); [] for
-    no pinning."""
-    if not hasattr(os, "sched_getaffinity"):
-        return []
-    allowed = sorted(os.sched_getaffinity(0))
-    if count is None:
-        count = 8 if device == "cuda" else 0
-    return allowed[:count] if 0 < count < len(allowed) else []
-
-
 def launch(workdir: Path, config: dict[str, Any], mode: str, autoload: bool,
            cpus: list[int]) -> Process:
     ident = config["id"]
@@ -455,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(LOOPS)}")
     if args.cpus is not None and args.cpus < 0:
         parser.error(f"--cpus must be at least 0, got {args.cpus}")
-    cpus = pinned_cpus(args.cpus, args.device)
+    cpus = cpu_sets(1, args.cpus if args.cpus is not None else
+                    8 if args.device == "cuda" else 0)[0]
     for name in ("procs", "rounds", "steps", "item_every"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -532,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"--gpu-diagnose overhead on {hello['device_name']} (torch {hello['torch']}, CUDA "
           f"{hello['cuda']}): {args.procs} process(es) per mode and loop, {args.rounds} "
           f"interleaved rounds each; plugin {'autoloaded' if autoload else 'loaded with -p'}; "
-          f"{'CPUs ' + ','.join(map(str, cpus)) if cpus else 'not pinned to CPUs'}")
+          f"{describe_cpus(cpus)}")
     for loop in loops:
         print_loop(loop, sizes[loop], results[loop], args.item_every)
     print(f"\ntook {elapsed:.1f} s")

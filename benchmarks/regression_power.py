@@ -65,6 +65,9 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cpu_pinning import cpu_sets as pinned_sets
+from cpu_pinning import describe as describe_cpus
+
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.output import format_seconds
 from pytest_gputrain.regression.stats import pooled_spread, t_ppf, t_sf
@@ -215,23 +218,6 @@ def _session_entry(spec: dict[str, Any], connection: Any) -> None:
         connection.close()
 
 
-def pinned_cpus(streams: int, per_session: int | None, device: str) -> list[list[int]]:
-    """Each stream's CPUs: disjoint sets of ``per_session`` CPUs this process may use (default:
-    8 on cuda, all of them on cpu); empty lists when not pinned (0, or too few CPUs)."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if per_session is None:
-        per_session = 8 if device == "cuda" else len(allowed) // streams
-    per_session = min(per_session, len(allowed) // streams)
-    if per_session < 1:
-        return [[] for _ in range(streams)]
-    return [allowed[i * per_session:(i + 1) * per_session] for i in range(streams)]
-
-
-def format_cpus(cpus: list[int]) -> str:
-    return f"{cpus[0]}-{cpus[-1]}" if cpus == list(range(cpus[0], cpus[-1] + 1)) else \
-        ",".join(map(str, cpus))
-
-
 def start_session(context: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one session in a new process of ``context``; its result and wall time."""
     receiver, sender = context.Pipe(duplex=False)
@@ -377,7 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     open_store(store_location).close()  # created once, before the sessions race to it
 
     devices = ["cpu"] if args.device == "cpu" else [f"cuda:{i}" for i in range(args.devices)]
-    cpu_sets = pinned_cpus(len(devices), args.cpus_per_session, args.device)
+    per_session = args.cpus_per_session
+    if per_session is None:
+        per_session = 8 if args.device == "cuda" else os.cpu_count() or 1
+    cpu_sets = pinned_sets(len(devices), per_session)
     forked = multiprocessing.get_context("forkserver")
     # The forkserver imports once what every session needs (torch without CUDA, the steps, the
     # plugin's engine and store); each session is a fork of it, with its own CUDA context.
@@ -392,8 +381,8 @@ def main(argv: list[str] | None = None) -> int:
 
     pools = {step: Pool(step, DESCRIPTIONS[(step, args.device)]) for step in steps}
     streams = list(zip(devices, cpu_sets, strict=True))
-    pinning = ("; ".join(f"{d} on CPUs {format_cpus(c)}" for d, c in streams)
-               if cpu_sets[0] else "not pinned to CPUs")
+    pinning = ("; ".join(f"{d} on {describe_cpus(c)}" for d, c in streams)
+               if cpu_sets[0] else describe_cpus([]))
     print(f"regression power: sessions in separate processes on {', '.join(devices)}; "
           f"{args.rounds} timed steps a session after {args.warmup} warm-up steps; "
           f"{pinning}; store {describe(store_location)}", flush=True)
