@@ -300,6 +300,48 @@ def test_recompiles_and_the_recompile_limit() -> None:
     assert facts.wrapped_modules == ["Linear"] and facts.wraps_ddp is False
 
 
+def test_compiles_after_a_dynamo_reset_inside_the_test_are_still_seen() -> None:
+    """torch._dynamo.reset() clears dynamo's compile-start callbacks and its compile-time
+    metrics: the probe registers again and counts the time from zero."""
+    def train() -> None:
+        first = torch.compile(torch.nn.Linear(4, 2), backend="eager")
+        optimizer = torch.optim.SGD(first.parameters(), lr=0.1)
+        for _ in range(4):  # steps 1-4: one compile, at step 0
+            first(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        torch._dynamo.reset()
+        second = torch.compile(torch.nn.Linear(4, 2), backend="eager")
+        optimizer = torch.optim.SGD(second.parameters(), lr=0.1)
+        for _ in range(4):  # steps 5-8: a compile at step 4, after the reset
+            second(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False, warmup=2)
+    probe.start()
+    try:
+        train()
+    finally:
+        probe.stop()
+    assert probe.record.errors == []
+    assert not getattr(torch._dynamo.reset, "_gputrain_probe", False)  # put back at stop
+    assert 4 in probe.record.compile.compile_steps, probe.record.compile.compile_steps
+    facts = probe.facts().compile
+    assert facts.compile_time is not None and facts.compile_time > 0
+
+
+def test_compile_time_counts_from_zero_after_a_reset() -> None:
+    from pytest_gputrain.probe.compile_readings import DynamoCounters
+
+    frames: dict[str, int] = {}
+    start = DynamoCounters(compile_time=11.1, frames_counter=frames)
+    after_reset = DynamoCounters(compile_time=1.3, frames_counter=frames)
+    assert after_reset.since(start).compile_time == 0.0
+    grown = DynamoCounters(compile_time=12.0, frames_counter=frames)
+    assert grown.since(start) is start
+
+
 # The probe's sync-counting wrapper of Tensor.item is a Python function that dynamo inlines and
 # then warns about (it calls the C method); reported to the maintainers of torch_hooks.py.
 @pytest.mark.filterwarnings("ignore:Dynamo does not know how to trace the builtin")

@@ -4,10 +4,12 @@ Dynamo keeps process-wide counters (``torch._dynamo.utils.counters``): frames it
 compile and those that compiled, graphs, graph breaks by reason, "unimplemented" entries (the
 recompile limit among them), and the guard failures that made it recompile
 (``guard_failures``). The probe reads them at the start of a test, after its warm-up steps and at
-its end; the test's own activity is the difference. A test that calls ``torch._dynamo.reset()``
-clears them; a reading keeps the counter object it read, so a later reading can tell (the
-cleared counters are new objects) and count from zero. Nothing here imports dynamo: a process
-that never compiled has no counters to read (``None``).
+its end; the test's own activity is the difference. Counters can go back within a test:
+dynamo's own test case replaces them (a reading keeps the counter object it read, so a later
+reading tells a new object and counts from zero), and ``torch._dynamo.reset()`` empties the
+compile-time metrics and the guard failures (a smaller reading than the earlier one counts from
+zero). Nothing here imports dynamo: a process that never compiled has no counters to read
+(``None``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # "unimplemented" entries written when a frame hits the recompile limit: torch 2.13 says
@@ -42,11 +44,15 @@ class DynamoCounters:
     # The frames Counter itself (kept alive, so identity tells a reset apart from no change).
     frames_counter: Any = None
 
-    def since(self, earlier: DynamoCounters | None) -> DynamoCounters:
+    def since(self, earlier: DynamoCounters | None, reset: bool = False) -> DynamoCounters:
         """The baseline to subtract from this reading: ``earlier``, or zeros when there was
-        none or dynamo's counters were reset in between."""
+        none or dynamo's counters were replaced in between. ``torch._dynamo.reset()`` in
+        between (``reset``, or a compile time that went back) empties the compile-time metrics
+        and the guard failures: those count from zero."""
         if earlier is None or earlier.frames_counter is not self.frames_counter:
             return DynamoCounters(frames_counter=self.frames_counter)
+        if reset or self.compile_time < earlier.compile_time:
+            return replace(earlier, compile_time=0.0, guard_failures={})
         return earlier
 
 
@@ -81,13 +87,14 @@ def suppress_errors() -> bool | None:
 
 
 def new_guard_failures(start: DynamoCounters | None) -> list[str]:
-    """Guard failure reasons recorded since ``start``: the first line of one example of each
-    kind (reasons that differ only in numbers are one kind), at most 5."""
+    """Guard failure reasons recorded since ``start`` (None: all of them, as after a
+    ``torch._dynamo.reset()``): the first line of one example of each kind (reasons that
+    differ only in numbers are one kind), at most 5."""
     utils = sys.modules.get("torch._dynamo.utils")
     failures = getattr(utils, "guard_failures", None) or {}
     before = start.guard_failures if start is not None else {}
     if any(len(failures.get(code, ())) < count for code, count in before.items()):
-        before = {}  # cleared by torch._dynamo.reset(): every entry is new
+        before = {}  # cleared by a reset the probe did not see: every entry is new
     reasons: list[str] = []
     kinds: set[str] = set()
     for code, entries in list(failures.items()):
@@ -118,7 +125,7 @@ def is_recompile_limit(entry: str) -> bool:
     return any(marker in text for marker in RECOMPILE_LIMIT_MARKERS)
 
 
-def register_compile_callback(callback: Callable[[Any], None]) -> Any:
+def register_compile_callback(callback: Callable[..., None]) -> Any:
     """Call ``callback`` at the start of every dynamo compilation; returns what
     ``remove_compile_callback`` needs, or None where dynamo has no callback API (torch < 2.6)
     or is not imported."""
@@ -131,7 +138,13 @@ def register_compile_callback(callback: Callable[[Any], None]) -> Any:
     return handler
 
 
-def remove_compile_callback(handler: Any, callback: Callable[[Any], None]) -> None:
+def ensure_compile_callback(handler: Any, callback: Callable[..., None]) -> None:
+    """Register ``callback`` again where ``torch._dynamo.reset()`` cleared dynamo's callbacks."""
+    if callback not in handler.start_callbacks:
+        handler.register_start_callback(callback)
+
+
+def remove_compile_callback(handler: Any, callback: Callable[..., None]) -> None:
     if callback in handler.start_callbacks:
         handler.remove_start_callback(callback)
 

@@ -387,14 +387,10 @@ class RunProbe:
             self._fail("backward wrapper", exc)
 
     def on_save(self) -> None:
-        """A torch.save call: the step it falls in saved a checkpoint (GT118)."""
-        if self.disabled:
-            return
-        try:
-            steps = self.record.steps
-            steps.saves.append(len(steps.times))
-        except Exception as exc:  # pragma: no cover - two attribute reads and an append
-            self._fail("torch.save wrapper", exc)
+        """A torch.save call (through ``wrap_before``, which guards it): the step it falls in
+        saved a checkpoint (GT118)."""
+        steps = self.record.steps
+        steps.saves.append(len(steps.times))
 
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> None:
         if self.disabled:
@@ -886,7 +882,7 @@ class RunProbe:
         try:
             record.compile.end = compile_readings.read_counters()
             record.compile.new_recompile_reasons = compile_readings.new_guard_failures(
-                record.compile.start)
+                None if record.compile.reset_steps else record.compile.start)
         except Exception as exc:
             record.errors.append(f"reading dynamo's counters at the end: {exc}")
         cache = record.cache
@@ -903,15 +899,21 @@ class RunProbe:
                 except Exception as exc:
                     record.errors.append(f"reading DDP's logging data: {exc}")
 
-    def on_compile_start(self, args: Any) -> None:
-        """Dynamo is about to compile a frame (called by dynamo; must never raise)."""
+    def on_dynamo_reset(self) -> None:
+        """``torch._dynamo.reset()`` ran (its wrapper guards this)."""
+        self.record.compile.reset_steps.append(len(self.record.steps.times))
+
+    def on_compile_start(self, *_: Any) -> None:
+        """Dynamo is about to compile a frame (called by dynamo, with the compile's arguments
+        in recent torch and none in some earlier versions; must never raise). The sync
+        wrappers go even when the probe disabled itself: dynamo would trace into them."""
         try:
+            steps = len(self.record.steps.times)
             if not self.disabled:
-                steps = len(self.record.steps.times)
                 self.record.compile.compile_steps.append(steps)
-                if self.record.syncs.stopped_at is None:
-                    self.record.syncs.stopped_at = steps
-                    self.record.errors.extend(self.install.drop_sync_wrappers())
+            if self.record.syncs.stopped_at is None:
+                self.record.syncs.stopped_at = steps
+                self.record.errors.extend(self.install.drop_sync_wrappers())
         except Exception:
             pass
 

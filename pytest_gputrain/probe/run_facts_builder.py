@@ -792,8 +792,10 @@ def _compile_facts(record: RunRecord) -> CompileFacts:
         for name in ("frames_compiled", "graph_breaks", "recompile_limit_hits"):
             facts.unknown[name] = "torch._dynamo was not imported"
         return facts
-    start = end.since(readings.start)
-    warm = end.since(readings.warm) if readings.warm is not None else start
+    resets = readings.reset_steps
+    start = end.since(readings.start, reset=bool(resets))
+    warm = (end.since(readings.warm, reset=any(step >= record.warmup for step in resets))
+            if readings.warm is not None else start)
     facts.frames_compiled = max(0, end.frames_total - start.frames_total)
     facts.frames_after_warmup = max(0, end.frames_total - warm.frames_total)
     facts.frames_failed = max(0, (end.frames_total - end.frames_ok)

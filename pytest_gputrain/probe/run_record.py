@@ -323,6 +323,7 @@ class CompileReadings:
     new_recompile_reasons: list[str] = field(default_factory=list)
     compile_steps: list[int] = field(default_factory=list)  # steps done when a compile began
     callback: bool = False  # the compile-start callback was registered (compile_steps valid)
+    reset_steps: list[int] = field(default_factory=list)  # steps done at torch._dynamo.reset()
     wrapped: list[str] = field(default_factory=list)  # classes torch.compile wrapped
     wraps_ddp: bool = False
 

@@ -251,19 +251,6 @@ def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., 
     return _cuda_emptyCache
 
 
-def wrap_save(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
-    def save(*args: Any, **kwargs: Any) -> Any:
-        probe.on_save()  # guarded inside: never raises
-        return original(*args, **kwargs)
-
-    save.__name__ = getattr(original, "__name__", "save")
-    save.__qualname__ = getattr(original, "__qualname__", "save")
-    save.__doc__ = getattr(original, "__doc__", None)
-    save.__wrapped__ = original  # type: ignore[attr-defined]
-    save._gputrain_probe = True  # type: ignore[attr-defined]
-    return save
-
-
 def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if probe.install.armed and not probe.disabled:
@@ -273,6 +260,31 @@ def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..
     __call__.__wrapped__ = original  # type: ignore[attr-defined]
     __call__._gputrain_probe = True  # type: ignore[attr-defined]
     return __call__
+
+
+def wrap_dynamo_reset(original: Callable[..., Any],
+                      installation: Installation) -> Callable[..., Any]:
+    """``torch._dynamo.reset()`` (``torch.compiler.reset()`` calls it) empties dynamo's
+    compile-time metrics and guard failures, which the probe then counts from zero, and clears
+    its compile-start callbacks: register the probe's again."""
+    def reset(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        probe = installation.probe
+        try:
+            probe.on_dynamo_reset()
+            handler = installation._compile_handler
+            if handler is not None:
+                from pytest_gputrain.probe.compile_readings import ensure_compile_callback
+
+                ensure_compile_callback(handler, probe.on_compile_start)
+        except Exception as exc:  # never let the probe break the reset
+            probe.errors.append(f"torch._dynamo.reset wrapper: {exc}")
+        return result
+
+    reset.__wrapped__ = original  # type: ignore[attr-defined]
+    reset.__doc__ = getattr(original, "__doc__", None)
+    reset._gputrain_probe = True  # type: ignore[attr-defined]
+    return reset
 
 
 def wrap_compile(original: Callable[..., Any], installation: Installation) -> Callable[..., Any]:
@@ -348,7 +360,9 @@ class Installation:
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
         if callable(getattr(torch, "save", None)):
-            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
+            on_save = self.probe.on_save
+            self.patches.set(torch, "save",
+                             wrap_before(torch.save, lambda *_, **__: on_save(), self.probe))
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
         self.install_habit_hooks()
@@ -403,6 +417,10 @@ class Installation:
             self._compile_handler = register_compile_callback(self.probe.on_compile_start)
             if self._compile_handler is not None:
                 self.probe.record.compile.callback = True
+        dynamo = sys.modules.get("torch._dynamo")
+        reset = getattr(dynamo, "reset", None)
+        if reset is not None and not getattr(reset, "_gputrain_probe", False):
+            self.patches.set(dynamo, "reset", wrap_dynamo_reset(reset, self))
         eval_frame = sys.modules.get("torch._dynamo.eval_frame")
         optimized = getattr(eval_frame, "OptimizedModule", None)
         if optimized is None:
