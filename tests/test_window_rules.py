@@ -187,7 +187,7 @@ def test_pinned_copy_followed_by_a_stream_synchronize_blocks() -> None:
     runtime = [
         # step 1: x.to("cuda"), y.to("cuda") without non_blocking (same thread)
         _r("cudaMemcpyAsync", 0, 8, 1), _r("cudaStreamSynchronize", 9, 41),
-        _r("cudaMemcpyAsync", 50, 55, 2), _r("cudaStreamSynchronize", 56, 71),
+        _r("cudaMemcpyAsync", 50, 55, 2), _r("cudaStreamSynchronize_v3020", 56, 71),
         _r("cudaLaunchKernel", 72, 75, 3),
         # step 2: non_blocking=True: the host goes on launching
         _r("cudaMemcpyAsync", 990, 995, 4), _r("cudaMemcpyAsync", 996, 999, 5),

@@ -65,7 +65,9 @@ LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "c
 _BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
 _VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
 SMALL_COPY_BYTES = 64 * 1024  # Nsight Systems' boundary for small memory transfers
-SYNC_AFTER_COPY_NS = 100_000  # a blocking copy's own stream sync follows it at once
+# torch's non_blocking=False copy is cudaMemcpyAsync followed at once, on the same thread, by a
+# synchronize (at::cuda::memcpy_and_sync); a later sync is other work's.
+SYNC_AFTER_COPY_NS = 100_000
 
 # Eager elementwise and reduction kernels of ATen (at::native::vectorized_elementwise_kernel,
 # unrolled_elementwise_kernel, elementwise_kernel, index_elementwise_kernel, reduce_kernel), as
@@ -86,9 +88,6 @@ MEMCPY_CALL_PREFIXES = ("cudaMemcpy", "cuMemcpy")
 # A host-side gap shorter than this is the ordinary Python and dispatcher time between two
 # launches (a few to a few tens of µs per op in eager mode); longer gaps are other work.
 SILENT_GAP_NS = 200_000
-# torch's non_blocking=False copy is cudaMemcpyAsync followed at once by
-# cudaStreamSynchronize (at::cuda::memcpy_and_sync).
-BLOCKING_COPY_GAP_NS = 100_000
 
 
 @dataclass(frozen=True)
@@ -130,22 +129,6 @@ def is_tensor_core(name: str) -> bool:
             and NOT_TENSOR_CORE_PATTERN.search(name) is None)
 
 
-def _union_ns(intervals: Iterable[tuple[int, int]]) -> int:
-    total = 0
-    end = None
-    start = None
-    for begin, finish in sorted(intervals):
-        if end is None or begin > end:
-            if end is not None and start is not None:
-                total += end - start
-            start, end = begin, finish
-        elif finish > end:
-            end = finish
-    if end is not None and start is not None:
-        total += end - start
-    return total
-
-
 def _merged(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """Sorted, non-overlapping intervals covering the same time."""
     merged: list[tuple[int, int]] = []
@@ -156,6 +139,40 @@ def _merged(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((begin, finish))
     return merged
+
+
+def _union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    return sum(finish - begin for begin, finish in _merged(intervals))
+
+
+def _calls_by_thread(runtime: Sequence[RuntimeEvent]) -> dict[int, list[RuntimeEvent]]:
+    """Each host thread's runtime calls in time order."""
+    by_thread: dict[int, list[RuntimeEvent]] = {}
+    for event in sorted(runtime, key=lambda e: e.start_ns):
+        by_thread.setdefault(event.thread, []).append(event)
+    return by_thread
+
+
+def _copy_calls(by_thread: dict[int, list[RuntimeEvent]]) -> dict[int, tuple[int, int]]:
+    """Copy calls by correlation id: (thread, index in that thread's calls)."""
+    return {event.correlation: (thread, index)
+            for thread, events in by_thread.items() for index, event in enumerate(events)
+            if event.correlation and event.name.startswith(MEMCPY_CALL_PREFIXES)}
+
+
+def _sync_after(events: Sequence[RuntimeEvent], index: int,
+                syncs: tuple[str, ...]) -> RuntimeEvent | None:
+    """The synchronize call (one of ``syncs``) that follows ``events[index]`` on its thread
+    within SYNC_AFTER_COPY_NS and before any launch: the copy made the host wait."""
+    call = events[index]
+    for following in events[index + 1:]:
+        if following.start_ns - call.end_ns > SYNC_AFTER_COPY_NS:
+            return None
+        if api_name(following.name) in syncs:
+            return following
+        if following.name.startswith(LAUNCH_PREFIXES):
+            return None  # the host went on to other work: the copy did not block it
+    return None
 
 
 def _gaps(merged: Sequence[tuple[int, int]], start: int, end: int,
@@ -233,7 +250,7 @@ def _sync_wait_ns(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], own_
         if device_syncs:
             waits.remove(max(device_syncs, key=lambda e: e.start_ns))
     copies = [e for e in runtime if e.correlation in to_host
-              and api_name(e.name).startswith(("cudaMemcpy", "cuMemcpy"))]
+              and e.name.startswith(MEMCPY_CALL_PREFIXES)]
     return _union_ns((e.start_ns, e.end_ns) for e in [*waits, *copies])
 
 
@@ -311,24 +328,20 @@ def small_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wa
     if h2d and not any(e.nbytes for e in h2d):
         return {}
     small = [e for e in h2d if 0 < e.nbytes < SMALL_COPY_BYTES]
-    ordered = sorted(runtime, key=lambda e: e.start_ns)
-    position = {id(event): i for i, event in enumerate(ordered)}
-    calls = {e.correlation: e for e in ordered
-             if e.correlation and e.name.startswith(("cudaMemcpy", "cuMemcpy"))}
+    by_thread = _calls_by_thread(runtime)
+    calls = _copy_calls(by_thread)
     host_ns = syncs = 0
     for copy in small:
-        call = calls.get(copy.correlation)
-        if call is None:
+        found = calls.get(copy.correlation)
+        if found is None:
             continue
+        events = by_thread[found[0]]
+        call = events[found[1]]
         host_ns += call.end_ns - call.start_ns
-        index = position[id(call)]
-        for after in ordered[index + 1:index + 4]:
-            if after.start_ns - call.end_ns > SYNC_AFTER_COPY_NS:
-                break
-            if after.name in SYNC_CALLS:
-                host_ns += after.end_ns - after.start_ns
-                syncs += 1
-                break
+        sync = _sync_after(events, found[1], SYNC_CALLS)
+        if sync is not None:
+            host_ns += sync.end_ns - sync.start_ns
+            syncs += 1
     return {
         "h2d_small_copies_per_step": round(len(small) / steps, 2),
         "h2d_small_host_percent": round(100.0 * host_ns / wall_ns, 2),
@@ -395,35 +408,21 @@ def host_silence(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wall_
 def blocking_pinned_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent],
                            steps: int) -> dict[str, Any]:
     """Pinned host-to-device copies the host waited for (GT130): the copy's runtime call is
-    followed on the same thread by a stream synchronize within BLOCKING_COPY_GAP_NS, which is
+    followed on the same thread by a stream synchronize within SYNC_AFTER_COPY_NS, which is
     what ``tensor.to("cuda")`` without ``non_blocking=True`` does."""
     pinned = [e for e in copies if "HtoD" in e.name and "Pinned" in e.name and e.correlation]
     if not pinned or not runtime:
         return {"h2d_pinned_blocking_per_step": None if pinned else 0.0}
-    by_thread: dict[int, list[RuntimeEvent]] = {}
-    for event in sorted(runtime, key=lambda e: e.start_ns):
-        by_thread.setdefault(event.thread, []).append(event)
-    position: dict[int, tuple[int, int]] = {}
-    for thread, events in by_thread.items():
-        for index, event in enumerate(events):
-            if event.correlation and event.name.startswith(MEMCPY_CALL_PREFIXES):
-                position[event.correlation] = (thread, index)
+    by_thread = _calls_by_thread(runtime)
+    calls = _copy_calls(by_thread)
     blocking = matched = 0
     for copy in pinned:
-        found = position.get(copy.correlation)
+        found = calls.get(copy.correlation)
         if found is None:
             continue
         matched += 1
-        events = by_thread[found[0]]
-        call = events[found[1]]
-        for following in events[found[1] + 1:]:
-            if following.start_ns - call.end_ns > BLOCKING_COPY_GAP_NS:
-                break
-            if following.name in STREAM_SYNC_CALLS:
-                blocking += 1
-                break
-            if following.name.startswith(LAUNCH_PREFIXES):
-                break  # the host went on to other work: the copy did not block it
+        if _sync_after(by_thread[found[0]], found[1], STREAM_SYNC_CALLS) is not None:
+            blocking += 1
     if not matched:
         return {"h2d_pinned_blocking_per_step": None}
     return {"h2d_pinned_blocking_per_step": round(blocking / steps, 2)}
@@ -445,25 +444,16 @@ def read_backs(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], step
     device_syncs = max(0, sum(1 for e in ordered if api_name(e.name) in DEVICE_SYNC_CALLS)
                        - own_syncs)
     to_host = {e.correlation for e in copies if "DtoH" in e.name and e.correlation}
-    by_thread: dict[int, list[RuntimeEvent]] = {}
-    for event in ordered:
-        by_thread.setdefault(event.thread, []).append(event)
+    by_thread = _calls_by_thread(ordered)
     copied = 0
-    for events in by_thread.values():
-        for index, call in enumerate(events):
-            if call.correlation not in to_host or not call.name.startswith(MEMCPY_CALL_PREFIXES):
-                continue
-            if not api_name(call.name).endswith("Async"):
-                copied += 1  # cudaMemcpy returns once the copy is done: a wait in itself
-                continue
-            for following in events[index + 1:]:
-                if following.start_ns - call.end_ns > BLOCKING_COPY_GAP_NS:
-                    break
-                if api_name(following.name) in SYNC_CALLS:
-                    copied += 1
-                    break
-                if following.name.startswith(LAUNCH_PREFIXES):
-                    break
+    for thread, index in _copy_calls(by_thread).values():
+        call = by_thread[thread][index]
+        if call.correlation not in to_host:
+            continue
+        if not api_name(call.name).endswith("Async"):
+            copied += 1  # cudaMemcpy returns once the copy is done: a wait in itself
+        elif _sync_after(by_thread[thread], index, SYNC_CALLS) is not None:
+            copied += 1
     return {"readback_syncs_per_step": round((copied + device_syncs) / max(1, steps), 2)}
 
 
