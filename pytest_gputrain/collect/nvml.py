@@ -204,11 +204,10 @@ def read_device(index: int, own_pids: set[int] | None = None, nvml: Nvml | None 
     _set(facts, "temperature", nvml.call("nvmlDeviceGetTemperature", handle, 0), float)
     _set(facts, "temperature_slowdown",
          nvml.call("nvmlDeviceGetTemperatureThreshold", handle, 1), float)
-    _set(facts, "power_draw", nvml.call("nvmlDeviceGetPowerUsage", handle), lambda v: v / 1000)
-    _set(facts, "power_limit", nvml.call("nvmlDeviceGetEnforcedPowerLimit", handle),
-         lambda v: v / 1000)
+    _set(facts, "power_draw", nvml.call("nvmlDeviceGetPowerUsage", handle), _watts)
+    _set(facts, "power_limit", nvml.call("nvmlDeviceGetEnforcedPowerLimit", handle), _watts)
     _set(facts, "power_limit_default",
-         nvml.call("nvmlDeviceGetPowerManagementDefaultLimit", handle), lambda v: v / 1000)
+         nvml.call("nvmlDeviceGetPowerManagementDefaultLimit", handle), _watts)
     _set(facts, "utilization_gpu", nvml.call("nvmlDeviceGetUtilizationRates", handle),
          lambda v: float(v.gpu))
     _set(facts, "sm_clock", nvml.call("nvmlDeviceGetClockInfo", handle, 1), float)

@@ -343,12 +343,14 @@ _SIGNAL = re.compile(r"killed by signal: ([A-Za-z][\w ]*?)\.?\s*(?:$|\n|It is po
                      re.MULTILINE)
 
 
-def loader_crash(message: str) -> tuple[str | None, str | None]:
+def loader_crash(message: str, worker_signal: str | None = None
+                 ) -> tuple[str | None, str | None]:
     """(cause, signal) of a DataLoader worker failure: cause is shared_memory, host_memory,
-    open_files or crashed; signal as the message names it ('Bus error', 'Killed')."""
-    text = message.lower()
+    open_files or crashed; signal as the message names it ('Bus error', 'Killed'), else
+    ``worker_signal`` (read from the dead worker, ``dead_worker_signal``)."""
     match = _SIGNAL.search(message)
-    signal = match.group(1).strip() if match else None
+    signal = match.group(1).strip() if match else worker_signal
+    text = f"{message}\n{signal or ''}".lower()
     # "unable to open shared memory object ...: Too many open files (24)" is the fd limit.
     if "too many open files" in text or "received 0 items of ancdata" in text:
         return "open_files", signal

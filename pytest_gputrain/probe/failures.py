@@ -49,9 +49,6 @@ __all__ = [
 ]
 
 
-
-
-
 def _devices_of(tensors: list[Any]) -> list[str]:
     devices: list[str] = []
     for tensor in tensors:
@@ -386,10 +383,7 @@ def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, p
         facts.operation = nondeterministic_operation(message)
         facts.cublas_workspace_config = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     elif kind == "loader_worker":
-        facts.loader_cause, facts.signal = loader_crash(message)
-        if facts.signal is None and (killed_by := dead_worker_signal(tb)) is not None:
-            facts.loader_cause, facts.signal = loader_crash(
-                f"{message}\nkilled by signal: {killed_by}.")
+        facts.loader_cause, facts.signal = loader_crash(message, dead_worker_signal(tb))
     elif kind == "compile":
         facts.compile_stage = compile_stage(facts.exc_type, message)
     elif kind == "numpy_on_cuda":

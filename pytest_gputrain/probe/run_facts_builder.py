@@ -116,7 +116,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.layers = _layer_facts(forwards)
     run.stalls = _stall_facts(record)
     run.nvml = _nvml_facts(record.nvml)
-    _habit_facts(run, record, steady)
+    _habit_facts(run, record)
     run.compile = _compile_facts(record)
     run.optimizer = _optimizer_facts(record, steady, run.step_time)
     run.ddp = _ddp_facts(record, steady)
@@ -706,7 +706,7 @@ def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
 
 # -- habits: train/eval mode, empty_cache and allocator churn, optimizer, compile, DDP ----------
 
-def _habit_facts(run: RunFacts, record: RunRecord, steady: list[int]) -> None:
+def _habit_facts(run: RunFacts, record: RunRecord) -> None:
     modules = record.forwards.modules.values()
     if modules:
         run.mode_layers = sum(s.checks.mode_layers for s in modules if s.checks is not None)
