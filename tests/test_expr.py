@@ -1256,3 +1256,20 @@ def test_fuzz_escape_attempts_execute_nothing(text: str) -> None:
         else:
             check_evaluates(expr)
     assert attempts == []
+
+
+@pytest.mark.parametrize(("condition", "gives"), [
+    ("known(run.steps)", True), ("bit(run.x, 4)", True), ("any(run.xs)", True),
+    ("coalesce(known(run.a), false)", True), ("coalesce(1, 2)", False), ("max(1, 2)", False),
+    ("coalesce(run.a, 0)", None),
+    ("len(run.xs)", False), ("version(run.v)", False), ("run.flag", None),
+])
+def test_what_a_call_gives_comes_from_its_function_spec(condition: str,
+                                                        gives: bool | None) -> None:
+    assert parse(condition).gives_truth() is gives
+
+
+def test_every_function_says_what_it_gives() -> None:
+    assert {spec.gives for spec in FUNCTIONS.values()} <= {"truth", "argument", "value"}
+    assert {name for name, spec in FUNCTIONS.items() if spec.gives == "truth"} == {
+        "known", "any", "all", "contains", "startswith", "arch_supported", "bit"}

@@ -28,7 +28,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Final, TypeGuard
+from typing import ClassVar, Final, Literal, TypeGuard
 
 from pytest_gputrain.units import BYTE_UNIT_NAMES, BYTE_UNITS
 
@@ -274,7 +274,10 @@ class _Problem(Exception):
 @dataclass(frozen=True)
 class FunctionSpec:
     """A function rules may call. Functions with ``propagates_unknown`` return UNKNOWN as soon
-    as one argument is unknown, without calling ``impl``."""
+    as one argument is unknown, without calling ``impl``. ``gives`` says what a call gives,
+    known before any fact is read: ``truth`` (true, false or unknown), ``argument`` (one of its
+    arguments) or ``value`` (a number, a string or a list; a condition that is only such a call
+    never fires)."""
 
     name: str
     signature: str
@@ -283,6 +286,7 @@ class FunctionSpec:
     max_args: int | None
     impl: Callable[[Sequence[object]], object] = field(repr=False)
     propagates_unknown: bool = True
+    gives: Literal["truth", "argument", "value"] = "value"
 
 
 def _number_arg(value: object, what: str = "a number") -> int | float:
@@ -538,30 +542,32 @@ FUNCTIONS: Final[Mapping[str, FunctionSpec]] = MappingProxyType({
     spec.name: spec
     for spec in (
         FunctionSpec("known", "known(x)", "true when x has a value; never unknown itself",
-                     1, 1, _fn_known, propagates_unknown=False),
+                     1, 1, _fn_known, propagates_unknown=False, gives="truth"),
         FunctionSpec("coalesce", "coalesce(a, b, ...)",
                      "the first argument that is known (unknown if none is)",
-                     1, None, _fn_coalesce, propagates_unknown=False),
+                     1, None, _fn_coalesce, propagates_unknown=False, gives="argument"),
         FunctionSpec("len", "len(x)", "length of a string, list or mapping", 1, 1, _fn_len),
         FunctionSpec("min", "min(a, b, ...) or min(list)",
-                     "smallest value (unknown for an empty list)", 1, None, _fn_min),
+                     "smallest value (unknown for an empty list)", 1, None, _fn_min,
+                     gives="argument"),
         FunctionSpec("max", "max(a, b, ...) or max(list)",
-                     "largest value (unknown for an empty list)", 1, None, _fn_max),
+                     "largest value (unknown for an empty list)", 1, None, _fn_max,
+                     gives="argument"),
         FunctionSpec("abs", "abs(x)", "absolute value", 1, 1, _fn_abs),
         FunctionSpec("round", "round(x[, n])", "x rounded to n digits (to an integer without n)",
                      1, 2, _fn_round),
         FunctionSpec("sum", "sum(list)", "sum of a list of numbers", 1, 1, _fn_sum),
         FunctionSpec("any", "any(list)", "true if any element is true (three-valued)",
-                     1, 1, _fn_any),
+                     1, 1, _fn_any, gives="truth"),
         FunctionSpec("all", "all(list)", "true if every element is true (three-valued)",
-                     1, 1, _fn_all),
+                     1, 1, _fn_all, gives="truth"),
         FunctionSpec("lower", "lower(s)", "s in lower case", 1, 1, _fn_lower),
         FunctionSpec("contains", "contains(haystack, needle)",
                      "substring of a string, element of a list or key of a mapping",
-                     2, 2, _fn_contains),
+                     2, 2, _fn_contains, gives="truth"),
         FunctionSpec("startswith", "startswith(s, prefix)",
                      "s starts with prefix (or with one of a list of prefixes)",
-                     2, 2, _fn_startswith),
+                     2, 2, _fn_startswith, gives="truth"),
         FunctionSpec("version", "version(s)",
                      "a comparable version: version('2.11.0+cu130') == version('2.11')",
                      1, 1, _fn_version),
@@ -571,8 +577,8 @@ FUNCTIONS: Final[Mapping[str, FunctionSpec]] = MappingProxyType({
         FunctionSpec("arch_supported", "arch_supported(capability, arch_list)",
                      "a GPU of this compute capability ('8.6') can run a build for arch_list "
                      "(['sm_80', 'compute_90']): same-major cubin or older-or-equal PTX",
-                     2, 2, _fn_arch_supported),
-        FunctionSpec("bit", "bit(x, mask)", "x & mask != 0", 2, 2, _fn_bit),
+                     2, 2, _fn_arch_supported, gives="truth"),
+        FunctionSpec("bit", "bit(x, mask)", "x & mask != 0", 2, 2, _fn_bit, gives="truth"),
     )
 })
 
@@ -906,11 +912,6 @@ class _Call(_Node):
 
 # What a node gives, known before any fact is read: a rule's condition must give true or false
 # (or unknown), and one that can only give a number, a string or a list never fires.
-_BOOLEAN_FUNCTIONS = frozenset({"known", "any", "all", "contains", "startswith",
-                                "arch_supported", "bit"})
-_ARGUMENT_FUNCTIONS = frozenset({"coalesce", "min", "max"})  # give one of their arguments
-
-
 def _gives_truth(node: _Node) -> bool | None:
     """True: always true, false or unknown; False: never; None: it depends on the facts."""
     if isinstance(node, _Logic | _Not | _Compare):
@@ -918,9 +919,9 @@ def _gives_truth(node: _Node) -> bool | None:
     if isinstance(node, _Literal):
         return isinstance(node.value, bool) or node.value is None
     if isinstance(node, _Call):
-        if node.function.name in _BOOLEAN_FUNCTIONS:
+        if node.function.gives == "truth":
             return True
-        if node.function.name in _ARGUMENT_FUNCTIONS:
+        if node.function.gives == "argument":
             kinds = {_gives_truth(arg) for arg in node.args}
             return kinds.pop() if len(kinds) == 1 else None
         return False
