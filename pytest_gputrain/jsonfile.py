@@ -102,8 +102,10 @@ def read_json(path: Path) -> Any:
     # Integers are checked one by one only when a run of 19 or more digits appears anywhere
     # (maybe in a string): every other integer is within range, and json's own C parser reads
     # them several times faster than a Python hook per integer.
-    parse_int = _bounded_int if _LONG_DIGITS.search(text) else None
-    parse_float = _finite_float if _LARGE_EXPONENT.search(text) else None
+    long_digits = _LONG_DIGITS.search(text) is not None
+    parse_int = _bounded_int if long_digits else None
+    # A float overflows only with a large exponent or 309 digits or more (a long run of them).
+    parse_float = _finite_float if long_digits or _LARGE_EXPONENT.search(text) else None
     try:
         data = json.loads(text, parse_int=parse_int, parse_float=parse_float,
                           parse_constant=_no_constant)

@@ -121,12 +121,13 @@ class Settings:
     facts_out: Path | None = None
 
 
-def _resolve(config: pytest.Config, text: str) -> Path:
-    return resolve_path(text, Path(config.invocation_params.dir))
-
-
 def resolve_path(text: str, base: Path) -> Path:
-    path = Path(text).expanduser()
+    """``text`` as a path: ``~`` expanded, relative to ``base``; ValueError naming ``text``
+    where ``~user`` names no user (or no home directory is known)."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError as exc:  # Path.expanduser: "Could not determine home directory"
+        raise ValueError(f"{text!r}: cannot expand '~' ({exc})") from None
     return path if path.is_absolute() else base / path
 
 
@@ -143,8 +144,11 @@ def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> Re
                 f"{text!r} must end in .json or .md, or name its format: md:PATH or json:PATH "
                 f"(e.g. --gpu-report=gpu-report.json, --gpu-report=md:${STEP_SUMMARY})")
     summary = environ.get(STEP_SUMMARY)
-    append = (form == "md" and bool(summary)
-              and os.path.abspath(path) == os.path.abspath(resolve_path(str(summary), base)))
+    try:
+        append = (form == "md" and bool(summary)
+                  and os.path.abspath(path) == os.path.abspath(resolve_path(str(summary), base)))
+    except ValueError:  # a summary path that cannot be expanded is not this report's
+        append = False
     return ReportTarget(path, form, append)
 
 
@@ -174,9 +178,13 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
         except ValueError as exc:
             raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
     facts_out = read(config, "gpu_facts_out")
+    try:
+        facts_path = resolve_path(str(facts_out), base) if facts_out else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
     return Settings(
         diagnose=diagnosis_requested(config, table),
         reports=reports,
         fail_on=fail_on,
-        facts_out=_resolve(config, facts_out) if facts_out else None,
+        facts_out=facts_path,
     )

@@ -79,8 +79,14 @@ def test_a_bad_ini_value_is_an_error_without_the_diagnosis(
      "*gpu_select / gpu_ignore leave no rule to run (select GT0, ignore GT0)*"),
     (["--gpu-probe=maybe"], "*gpu_probe / --gpu-probe: 'maybe' must be on or off*"),
     (["--gpu-profile-steps=x"], "*gpu_profile_steps*'x' is not a step range*"),
+    (["--gpu-report=~no-such-user-here/r.md"],
+     "*gpu_report / --gpu-report: '~no-such-user-here/r.md': cannot expand '~'*"),
+    (["--gpu-facts-out=~no-such-user-here/f.json"],
+     "*gpu_facts_out / --gpu-facts-out: '~no-such-user-here/f.json': cannot expand '~'*"),
+    (["--gpu-store=~no-such-user-here/s.db", "--gpu-save=main"],
+     "*gpu_store: '~no-such-user-here/s.db': cannot expand '~'*"),
 ])
-def test_rule_codes_that_select_nothing_are_usage_errors(
+def test_rule_codes_that_select_nothing_and_bad_values_are_usage_errors(
     pytester: pytest.Pytester, args: list[str], message: str
 ) -> None:
     result = pytester.runpytest(*args)

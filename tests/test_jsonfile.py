@@ -45,9 +45,11 @@ def test_lone_surrogates_are_written_out_in_keys_values_and_deep_inside(tmp_path
     ('{"a": Infinity}', "Infinity is not a JSON number"),
     ('{"a": 1e400}', "the number '1e400' is too large for a float (it would be infinity)"),
     ('{"a": [1.0, -2E+308]}', "the number '-2E+308' is too large for a float"),
+    ('{"a": ' + "1" * 400 + '.0}', "the number '1111111111111111111111111111111111111111'..."),
     ("[1,", "not valid JSON: Expecting value: line 1 column 4 (char 3)"),
     (b'{"a": "\xff"}', "not UTF-8 text (byte 7 is 0xff)"),
-], ids=["deep", "int64+1", "100-digits", "infinity", "1e400", "-2e308", "cut-short", "latin-1"])
+], ids=["deep", "int64+1", "100-digits", "infinity", "1e400", "-2e308", "400-digit-float",
+        "cut-short", "latin-1"])
 def test_what_json_loads_would_crash_on_or_accept_wrongly_is_an_error_naming_the_file(
         tmp_path: Path, content: str | bytes, message: str) -> None:
     path = write(tmp_path, content)

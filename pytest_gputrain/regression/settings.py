@@ -181,7 +181,10 @@ def _path(config: pytest.Config, ini: str) -> Path | None:
     text = given if given is not None else config.getini(ini)
     if not text:
         return None
-    path = Path(str(text)).expanduser()
+    try:
+        path = Path(str(text)).expanduser()
+    except RuntimeError as exc:  # "~user" naming no user, or no home directory known
+        raise pytest.UsageError(f"{ini}: {str(text)!r}: cannot expand '~' ({exc})") from None
     if path.is_absolute():
         return path
     if given is not None:
