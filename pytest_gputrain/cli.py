@@ -28,7 +28,7 @@ from pytest_gputrain.engine.config import SettingError, build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
-from pytest_gputrain.options import FAIL_ON
+from pytest_gputrain.options import FAIL_ON, parse_fail_on
 from pytest_gputrain.plugin import load_features
 from pytest_gputrain.project_settings import (
     ProjectSettings,
@@ -75,10 +75,10 @@ def _engine(args: argparse.Namespace) -> RuleEngine:
 def _fail_on(args: argparse.Namespace) -> str:
     if args.fail_on is not None:
         return str(args.fail_on)
-    level = str(_project(args).values["gpu_fail_on"] or "error").strip().lower()
-    if level not in FAIL_ON:
-        raise CliError(f"gpu_fail_on: {level!r} is not one of {', '.join(FAIL_ON)}")
-    return level
+    try:
+        return parse_fail_on(_project(args).values["gpu_fail_on"])
+    except ValueError as exc:
+        raise CliError(f"gpu_fail_on: {exc}") from None
 
 
 def load_facts(path: Path) -> FactsFile:

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from pytest_gputrain.options import Settings
 
 PLUGIN_NAME = "gputrain-diagnose"
-DIAGNOSIS_KEY = options.DIAGNOSIS_KEY
 _SESSION_KEY = pytest.StashKey[pytest.Session]()
 # pytest-xdist: the controller's environment goes to the workers, their records come back.
 WORKER_ENVIRONMENT = "gputrain_environment"
@@ -50,7 +49,7 @@ TerminalLines = Callable[[int], list[str]]
 
 def diagnosis(config: pytest.Config) -> Diagnosis | None:
     """The session's diagnosis, or None when ``--gpu-diagnose`` is off."""
-    session: Diagnosis | None = config.stash.get(DIAGNOSIS_KEY, None)
+    session: Diagnosis | None = config.stash.get(options.DIAGNOSIS_KEY, None)
     return session
 
 

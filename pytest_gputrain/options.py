@@ -68,6 +68,8 @@ STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 # pytest imports every module it loads at start-up anew each run (the plugin's own modules are
 # rewritten for assertions), so what a plain run does not import, it does not pay for.
 DIAGNOSIS_KEY = pytest.StashKey[Any]()
+# The ini settings that choose and tune the rules (the rule engine reads them).
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
 
 
 def diagnosing(config: pytest.Config) -> bool:
@@ -152,6 +154,15 @@ def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> Re
     return ReportTarget(path, form, append)
 
 
+def parse_fail_on(value: object) -> str:
+    """The lowest severity that fails the session (``error`` when not set); ValueError naming
+    anything else."""
+    level = str(value or "error").strip().lower()
+    if level not in FAIL_ON:
+        raise ValueError(f"{level!r} is not one of {', '.join(FAIL_ON)}")
+    return level
+
+
 def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
     """``--gpu-diagnose`` or ``gpu_diagnose``; any option of ``table`` on the command line;
     or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``)."""
@@ -165,11 +176,10 @@ def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIO
 def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> Settings:
     """Validate the diagnosis options, whether or not the diagnosis runs; a bad value is a
     UsageError that names it. ``table``: every option of the diagnosis (the probe's too)."""
-    fail_on = str(read(config, "gpu_fail_on") or "error").strip().lower()
-    if fail_on not in FAIL_ON:
-        raise pytest.UsageError(
-            f"gpu_fail_on / --gpu-fail-on: {fail_on!r} is not one of {', '.join(FAIL_ON)}"
-        )
+    try:
+        fail_on = parse_fail_on(read(config, "gpu_fail_on"))
+    except ValueError as exc:
+        raise pytest.UsageError(f"gpu_fail_on / --gpu-fail-on: {exc}") from None
     reports = []
     base = Path(config.invocation_params.dir)
     for text in read(config, "gpu_report") or []:

@@ -89,14 +89,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         config.pluginmanager.unregister(session)
 
 
-RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
-
-
 def read_rule_config(config: pytest.Config) -> RuleConfig | None:
     """The project's rule settings, checked for form (cheap: no rule is loaded); whether the
     codes they name exist is checked when the rules load. None when none is set."""
     read = options.read
-    if not any(read(config, name) for name in RULE_SETTINGS):
+    if not any(read(config, name) for name in options.RULE_SETTINGS):
         return None
     from pytest_gputrain.engine.config import SettingError, build_config
 

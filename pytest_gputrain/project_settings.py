@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from pytest_gputrain.options import RULE_SETTINGS
+
 # The settings the rule engine and the verdict read.
-RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params",
-                 "gpu_rules_dirs", "gpu_fail_on")
+SETTINGS = (*RULE_SETTINGS, "gpu_fail_on")
 
 
 class ProjectSettingsError(Exception):
@@ -31,7 +32,6 @@ class ProjectSettingsError(Exception):
 @dataclass(frozen=True)
 class ProjectSettings:
     rootpath: Path
-    inipath: Path | None
     values: dict[str, Any] = field(default_factory=dict)
 
 
@@ -43,23 +43,20 @@ class _ReadAndStop:
     def pytest_cmdline_main(self, config: pytest.Config) -> int:
         self.settings = ProjectSettings(
             rootpath=Path(config.rootpath),
-            inipath=Path(config.inipath) if config.inipath else None,
-            values={name: config.getini(name) for name in RULE_SETTINGS})
+            values={name: config.getini(name) for name in SETTINGS})
         return 0  # firstresult: pytest runs no session
 
 
-def read_project_settings(rootdir: str | None = None, inifile: str | None = None,
-                          directory: Path | None = None) -> ProjectSettings:
-    """The ``gpu_*`` ini settings of the project in ``directory`` (the current one), found as
-    ``pytest`` run there would find them; ``rootdir``/``inifile`` as ``--rootdir``/``-c``."""
+def read_project_settings(rootdir: str | None = None,
+                          inifile: str | None = None) -> ProjectSettings:
+    """The ``gpu_*`` ini settings of the project in the current directory, found as ``pytest``
+    run there would find them; ``rootdir``/``inifile`` as ``--rootdir``/``-c``."""
     args: list[str] = ["-p", "no:cacheprovider", "--noconftest", "--assert=plain",
                        "--capture=no", "-o", "addopts="]
     if rootdir is not None:
         args += ["--rootdir", rootdir]
     if inifile is not None:
         args += ["-c", inifile]
-    if directory is not None:
-        args.append(str(directory))
     reader = _ReadAndStop()
     captured = io.StringIO()
     with redirect_stdout(captured), redirect_stderr(captured):

@@ -17,8 +17,8 @@ from pytest_gputrain.assertions.xdist import (
     parse_per_worker,
     parse_visible,
     pin_worker,
-    worker_number,
 )
+from pytest_gputrain.xdist import worker_number
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 

@@ -18,7 +18,6 @@ from typing import Any
 from pytest_gputrain.assertions.marker_names import GPU as GPU
 from pytest_gputrain.assertions.marker_names import GPU_FIXTURES as GPU_FIXTURES
 from pytest_gputrain.assertions.marker_names import GPU_MARKERS as GPU_MARKERS
-from pytest_gputrain.assertions.marker_names import MARKER_HELP as MARKER_HELP
 from pytest_gputrain.assertions.marker_names import MAX_VRAM as MAX_VRAM
 from pytest_gputrain.assertions.marker_names import MIN_UTILIZATION as MIN_UTILIZATION
 from pytest_gputrain.assertions.marker_names import REQUIRES_CUDA as REQUIRES_CUDA

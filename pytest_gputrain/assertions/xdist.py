@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from pytest_gputrain.units import shown
+from pytest_gputrain.xdist import worker_number
 
 WORKERINPUT_KEY = "gputrain_cuda_visible_devices"
 NOTES_KEY = "gputrain_pinning_notes"  # in a worker's workeroutput: lines for the controller
@@ -114,12 +115,6 @@ def parse_per_worker(value: Any) -> int | None:
             f"gpu_per_worker / --gpu-per-worker: {shown(value)} is not a whole number >= 1 "
             "(e.g. --gpu-per-worker=1; add --gpu-share to let workers share GPUs)")
     return int(text)
-
-
-def worker_number(workerid: str | None) -> int | None:
-    """``"gw3"`` -> 3."""
-    match = re.fullmatch(r"gw(\d+)", workerid or "")
-    return int(match.group(1)) if match else None
 
 
 CountGpus = Callable[[], "tuple[int | None, str | None]"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain.xdist import is_xdist_worker
+from pytest_gputrain.xdist import is_xdist_worker, worker_number
 
 if TYPE_CHECKING:
     from pytest_gputrain.ladder.rungs import LadderResults
@@ -83,8 +83,8 @@ WORKER_OUTPUT = "gputrain_ladder"
 
 def _worker_order(worker: str) -> tuple[int, str]:
     """gw2 before gw10."""
-    digits = worker.lstrip("gw")
-    return (int(digits) if digits.isdigit() else -1, worker)
+    number = worker_number(worker)
+    return (-1 if number is None else number, worker)
 
 
 # tryfirst: registered before the assertions' plugin object, the tables follow its tally of GPU
