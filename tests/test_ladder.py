@@ -223,3 +223,10 @@ def test_ladder_rows_of_xdist_workers_reach_the_table_and_the_reports(
     section = json.loads((pytester.path / "r.json").read_text())["sections"]["ladder: toy"]
     assert sorted(rung["batch_size"] for rung in section["rungs"]) == [8, 16, 24, 32]
     assert "### ladder: toy" in (pytester.path / "r.md").read_text()
+
+
+def test_workers_rows_merge_in_worker_order() -> None:
+    from pytest_gputrain.ladder.plugin import _worker_order
+
+    assert sorted(["gw10", "gw2", "gw1", "g2w"], key=_worker_order) == ["g2w", "gw1", "gw2",
+                                                                         "gw10"]
