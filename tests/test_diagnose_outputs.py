@@ -29,7 +29,7 @@ def test_one_unwritable_report_leaves_the_other_outputs_and_the_summary(
                                  "--gpu-facts-out=facts.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
-        "gputrain: could not write the report */afile/report.md: *",
+        "gputrain: could not write the report */afile/report.md: */afile is a file, not a folder",
         "gputrain: report written to */good.json",
         "gputrain: facts written to */facts.json",
         "*= 1 passed in *"])

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pytest_gputrain import folders
 from pytest_gputrain.regression.store import (
     APPLICATION,
     SCHEMA_VERSION,
@@ -131,15 +132,10 @@ def _classify(connection: sqlite3.Connection, path: Path) -> str:
 def make_folder(folder: Path) -> None:
     """Create the store's folder (and its parents); ``StoreError`` saying why it cannot be."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folders.make_folder(folder)
     except OSError as exc:
-        blocking = next((p for p in (folder, *folder.parents) if p.exists()), None)
-        if blocking is not None and not blocking.is_dir():
-            reason = f"{blocking} is a file, not a folder"
-        else:
-            reason = exc.strerror or str(exc)
-        raise StoreError(f"cannot create the folder of the benchmark store {folder}: {reason}. "
-                         f"{_ELSEWHERE}") from None
+        raise StoreError(f"cannot create the folder of the benchmark store {folder}: "
+                         f"{exc.strerror or exc}. {_ELSEWHERE}") from None
 
 
 def check_creatable(path: Path) -> None:

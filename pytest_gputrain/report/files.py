@@ -14,6 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from pytest_gputrain.folders import make_folder
+
 
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux says it (/proc)."""
@@ -38,7 +40,7 @@ def _mode_for(path: Path) -> int:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file and rename; keep the replaced file's mode (else the umask's)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     mode = _mode_for(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -53,7 +55,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def append_text(path: Path, text: str) -> None:
     """Append ``text`` as a block of its own (a blank line after what the file holds)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     with path.open("a+", encoding="utf-8") as stream:
         if stream.tell() > 0:
             stream.write("\n")
