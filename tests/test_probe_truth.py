@@ -142,15 +142,6 @@ def test_settings_in_force_are_those_of_most_steps_and_changes_are_listed() -> N
     assert settings.in_force([], 10) == ({}, [])
 
 
-@pytest.mark.parametrize(("step", "in_window", "read"), [
-    (1, False, True), (2, False, True), (3, False, False), (4, True, True),
-    (settings.EVERY, False, True), (settings.EVERY + 1, False, False),
-    (2 * settings.EVERY, False, True)])
-def test_settings_are_read_at_the_first_steps_the_window_and_every_nth(
-        step: int, in_window: bool, read: bool) -> None:
-    assert settings.wanted(step, in_window) is read
-
-
 # -- the probe on a CPU loop that changes settings and restores them ------------------------------
 
 
@@ -169,6 +160,22 @@ def _train(steps: int, body: Any = None) -> run.RunProbe:
     finally:
         probe.stop()
     return probe
+
+
+def test_settings_are_read_at_the_first_steps_and_every_nth() -> None:
+    before = torch.backends.cudnn.benchmark
+
+    def body(step: int) -> None:
+        if step == 40:  # before the 41st step: next read at step 64
+            torch.backends.cudnn.benchmark = not before
+
+    try:
+        probe = _train(2 * settings.EVERY + 6, body)
+    finally:
+        torch.backends.cudnn.benchmark = before
+    timeline = probe.record.settings
+    assert timeline.reads == 4  # steps 1, 2, EVERY and 2 * EVERY
+    assert [step for step, _ in timeline.snapshots] == [1, 2 * settings.EVERY]
 
 
 def test_settings_changed_and_restored_inside_the_test_are_reported_as_trained() -> None:

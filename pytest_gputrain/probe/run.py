@@ -297,7 +297,7 @@ class RunProbe:
         if window is None and self._profiler_enabled():
             record.settings.user_profiler_steps += 1
         if count <= 2 or window is not None or count % _SETTINGS_EVERY == 0:
-            self._read_settings(count)  # settings.wanted(), inlined
+            self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
             self._milestone(count)
 

@@ -27,11 +27,6 @@ FRACTION = "memory_fraction"
 ANOMALY = "anomaly_detection"
 
 
-def wanted(step: int, in_window: bool) -> bool:
-    """Read the settings at this step boundary (``step`` counts from 1)?"""
-    return step <= 2 or in_window or step % EVERY == 0
-
-
 def fraction_reader(torch: Any, index: int) -> Callable[[], float] | None:
     """A reader of the memory fraction in force on cuda:index, or None when this torch cannot
     read it back (torch < 2.8 has no getter). Uses the raw binding where it exists: the public
