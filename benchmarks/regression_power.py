@@ -20,25 +20,33 @@ parent process, which reads the runs back from the store and decides with the ga
 ``compare_test`` (t-test over per-session medians, ``--threshold``, ``--alpha``), as
 ``python -m pytest_gputrain compare`` does in CI.
 
-The slowdown makes the step 5 % slower, measured in a calibration session: for the GPU-bound
-step a GPU spin kernel (``torch.cuda._sleep``) of 5 % of the step's median after each step; for
-the launch-bound step host-side busy work before each step, sized in the calibration session so
-that the step's median rises by 5 % (while the host has slack, host work below it hides behind
-the queued kernels and slows nothing: on the H200 a quiet ResNet-18 batch-32 session runs at
-the GPU's pace, and 5 % of host work left its sessions at the unchanged median).
+The slowdown makes the step 5 % slower. For the GPU-bound step: a GPU spin kernel
+(``torch.cuda._sleep``) of 5 % of the calibration session's median after each step. For the
+launch-bound step (``--launch-slowdown both``, the default): host busy work of 5 % of the median
+before each step *and* a GPU spin kernel as long after it, so the step is 5 % slower whichever
+side sets its pace in a session. Host work alone (``--launch-slowdown host``, sized in the
+calibration session until the median rises by 5 %) is a cliff, not a 5 % slowdown: on the H200 a
+quiet ResNet-18 batch-32 session runs at the GPU's pace with about 1 ms of host slack, host work
+below it hides behind the queued kernels and slows nothing, and past it the step becomes
+host-paced, slower by far more than 5 % and by a different amount in every session (the pace of
+the host's launches differs between processes).
 
 Each device's stream of sessions is pinned to its own CPUs (``--cpus-per-session``, default 8;
 ``os.sched_setaffinity``), so the streams do not take each other's cores and every session of
 a stream runs on the same ones, as a CI job on one runner does. Sessions of the unchanged and
 the slowed step alternate (two unchanged to one slowed), so drift in clocks or temperature
-hits both alike.
+hits both alike. The steps run one after the other, each on every device, so the host runs one
+kind of session at a time; ``--mix-steps`` alternates them instead (on the H200 a launch-bound
+session beside a GPU-bound one on the other GPU ran at the host's pace in about half the
+sessions: 7.5 to 10.3 ms, an 8.6 % spread).
 
 Trials are formed from the pools of sessions: a power trial draws ``--sessions`` unchanged
 sessions as the baseline and as many slowed ones as the candidate; a false-alarm trial draws
 two disjoint sets of unchanged sessions. Trials share sessions (the pools are finite), so the
-trials are not independent; the output says how large the pools were. The number of sessions
-the recipe needs comes from the spread between unchanged sessions (the t-test's power for a
-5 % slowdown >= 95 %). Goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials.
+trials are not independent; the output says how large the pools were. False alarms count any
+verdict other than "ok" on unchanged code ("improvement" as much as "regression"). The number
+of sessions the recipe needs is the fewest a side whose trials on the same pools reach the
+goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials.
 """
 
 from __future__ import annotations
@@ -70,7 +78,7 @@ from cpu_pinning import describe as describe_cpus
 
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.output import format_seconds
-from pytest_gputrain.regression.stats import pooled_spread, t_ppf, t_sf
+from pytest_gputrain.regression.stats import pooled_spread
 from pytest_gputrain.regression.store import describe
 from pytest_gputrain.regression.store_backends import open_store
 
@@ -113,22 +121,19 @@ def spin_cycles_per_second(torch: Any) -> float:
     return 20 * cycles / (start.elapsed_time(end) / 1000)
 
 
-def slowed(torch: Any, step: Callable[[], None], how: str, amount: float) -> Callable[[], None]:
-    """The step plus extra work: ``host`` busy-waits ``amount`` seconds before the step (on a
-    launch-bound step the host is the critical path); ``gpu`` queues a spin kernel of
-    ``amount`` cycles after it on the same stream."""
-    if how == "host":
-        def host_slowed() -> None:
-            end = time.perf_counter() + amount
+def slowed(torch: Any, step: Callable[[], None], host_seconds: float,
+           gpu_cycles: float) -> Callable[[], None]:
+    """The step plus extra work: a host busy-wait of ``host_seconds`` before it, and a GPU spin
+    kernel of ``gpu_cycles`` queued after it on the same stream (either may be 0)."""
+    def slowed_step() -> None:
+        if host_seconds:
+            end = time.perf_counter() + host_seconds
             while time.perf_counter() < end:
                 pass
-            step()
-        return host_slowed
-
-    def gpu_slowed() -> None:
         step()
-        torch.cuda._sleep(int(amount))
-    return gpu_slowed
+        if gpu_cycles:
+            torch.cuda._sleep(int(gpu_cycles))
+    return slowed_step
 
 
 def host_work_for(median: float, slowdown: float,
@@ -179,11 +184,13 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
     if device == "cpu":
         torch.set_num_threads(1)
     else:
+        if spec.get("cpus"):  # the forkserver imported torch before pinning: as many as it has
+            torch.set_num_threads(len(spec["cpus"]))
         torch.cuda.set_device(torch.device(device))
     torch.backends.cudnn.benchmark = bool(spec["cudnn_benchmark"])
     step = build_step(torch, spec["step"], device, spec["gpu_batch"])
-    if spec["slowdown"]:
-        step = slowed(torch, step, spec["slowdown"], spec["amount"])
+    if spec["host_seconds"] or spec["gpu_cycles"]:
+        step = slowed(torch, step, spec["host_seconds"], spec["gpu_cycles"])
     options = BenchmarkOptions(warmup=spec["warmup"], min_rounds=spec["rounds"],
                                max_rounds=spec["rounds"], max_time=3600.0)
     bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options)
@@ -198,7 +205,7 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
 
         def measure(amount: float) -> float:
             timed = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}/sizing", probe)
-            candidate = slowed(torch, step, "host", amount)
+            candidate = slowed(torch, step, amount, 0.0)
             return float(median(timed(candidate, device=device).clean_step_times()))
 
         out["host_amount"], out["host_reached"] = host_work_for(
@@ -250,9 +257,9 @@ class Pool:
     step: str
     description: str
     calibration: dict[str, Any] = field(default_factory=dict)
-    slowdown: str = ""
-    amount: float = 0.0  # host: seconds; gpu: spin cycles
-    extra_seconds: float = 0.0
+    how: str = ""  # what the slowed sessions add, in words
+    host_seconds: float = 0.0  # busy-wait before each step
+    gpu_cycles: float = 0.0  # spin kernel after each step
     unchanged: list[dict[str, Any]] = field(default_factory=list)
     slowed: list[dict[str, Any]] = field(default_factory=list)
 
@@ -260,19 +267,23 @@ class Pool:
         return [s["wall"] for s in self.unchanged + self.slowed]
 
 
-def required_sessions(spread: float, df: int, slowdown: float, threshold: float,
-                      alpha: float, power: float = 0.95, most: int = 50) -> int | None:
-    """The fewest sessions a side whose t-test over sessions (with the spread known to ``df``
-    degrees of freedom from the pool) catches ``slowdown`` with ``power``, past ``threshold``."""
+def fewest_sessions(store_location: str | Path, pool: Pool, count: int, seed: int,
+                   gate: GateSettings) -> tuple[int | None, int]:
+    """The fewest sessions a side whose trials on these pools reach the goal (>= 95 % caught,
+    <= 5 % false alarms), and the most the pools allow (a false-alarm trial draws twice as many
+    unchanged sessions); ``None`` when no number up to that reaches it."""
+    most = min(len(pool.unchanged) // 2, len(pool.slowed))
     for n in range(2, most + 1):
-        se = spread * math.sqrt(2 / n)
-        if se == 0:
-            return n if math.log1p(slowdown) > math.log1p(threshold) else None
-        degrees = 2 * n - 2
-        bound = max(math.log1p(threshold), t_ppf(1 - alpha, degrees) * se)
-        if t_sf((bound - math.log1p(slowdown)) / se, degrees) >= power:
-            return n
-    return None
+        rows = trials(store_location, pool, n, count, seed, gate)
+        if _goal_met(rows, count):
+            return n, most
+    return None, most
+
+
+def _goal_met(rows: dict[str, list[dict[str, Any]]], count: int) -> bool:
+    caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
+    alarms = sum(r["verdict"] != "ok" for r in rows["unchanged"])  # either way is false
+    return caught >= math.ceil(0.95 * count) and alarms <= math.floor(0.05 * count)
 
 
 def trials(store_location: str | Path, pool: Pool, sessions: int, count: int, seed: int,
@@ -299,7 +310,9 @@ def trials(store_location: str | Path, pool: Pool, sessions: int, count: int, se
                                   [records[i] for i in current], gate)
             rows[kind].append({"baseline_runs": base, "current_runs": current,
                                "verdict": row.verdict, "change": row.change,
-                               "p_value": row.p_value, "detectable": row.detectable})
+                               "p_value": row.p_value, "detectable": row.detectable,
+                               "strays": (row.baseline_stray is not None)
+                               + (row.current_stray is not None)})
     return rows
 
 
@@ -311,8 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="GPUs to use, one stream of sessions on each (default 1)")
     parser.add_argument("--steps", default=",".join(STEPS),
                         help="which steps: launch, gpu or both (default launch,gpu)")
-    parser.add_argument("--sessions", type=int, default=3,
-                        help="sessions a side in the recipe (default 3)")
+    parser.add_argument("--sessions", type=int, default=4,
+                        help="sessions a side in the recipe (default 4)")
     parser.add_argument("--trials", type=int, default=20, help="trials of each kind (>= 20)")
     parser.add_argument("--budget-s", type=float, default=270.0,
                         help="start no session that would end after this many seconds "
@@ -323,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=100, help="timed steps a session (<= 100)")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps a session (30)")
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected slowdown (0.05)")
+    parser.add_argument("--launch-slowdown", default="both", choices=("both", "host"),
+                        help="how the launch-bound step is slowed: both (default: host work "
+                             "and GPU work, each --slowdown of its median, so the step is that "
+                             "much slower whichever side sets its pace) or host (host work "
+                             "alone, sized in the calibration session)")
     parser.add_argument("--threshold", type=float, default=0.025,
                         help="gate: smallest change reported (0.025 = 2.5 %%)")
     parser.add_argument("--alpha", type=float, default=0.01, help="gate: significance (0.01)")
@@ -337,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-session", type=int, default=None,
                         help="pin each device's stream of sessions to this many CPUs of its "
                              "own (default: 8 for cuda, as many as there are; 0: no pinning)")
+    parser.add_argument("--mix-steps", action="store_true",
+                        help="alternate the steps' sessions on every device (a launch-bound "
+                             "session then shares the host with GPU-bound ones); default: one "
+                             "step at a time")
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' draws")
     parser.add_argument("--json", metavar="PATH", help="also write everything as JSON")
     args = parser.parse_args(argv)
@@ -377,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     spawned = multiprocessing.get_context("spawn")
     base_spec = {"rounds": args.rounds, "warmup": args.warmup, "store": store,
                  "cudnn_benchmark": args.cudnn_benchmark, "gpu_batch": args.gpu_batch,
-                 "slowdown": "", "amount": 0.0}
+                 "host_seconds": 0.0, "gpu_cycles": 0.0}
 
     pools = {step: Pool(step, DESCRIPTIONS[(step, args.device)]) for step in steps}
     streams = list(zip(devices, cpu_sets, strict=True))
@@ -387,36 +409,46 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rounds} timed steps a session after {args.warmup} warm-up steps; "
           f"{pinning}; store {describe(store_location)}", flush=True)
     for step, pool in pools.items():  # calibration: the step's median, and its cost when cold
-        host = step == "launch" or args.device == "cpu"
+        host_only = args.device == "cpu" or (step == "launch" and args.launch_slowdown == "host")
         spec = {**base_spec, "step": step, "device": devices[0], "name": f"{step}/calibration",
                 "calibrate": True, "cpus": cpu_sets[0],
-                "calibrate_host": args.slowdown if host else 0.0}
+                "calibrate_host": args.slowdown if host_only else 0.0}
         pool.calibration = start_session(spawned if cold else forked, spec)
         median = pool.calibration["median"]
-        pool.extra_seconds = args.slowdown * median
-        if host:
-            pool.slowdown, pool.amount = "host", pool.calibration["host_amount"]
-            print(f"  sized {step}'s host work: {format_seconds(pool.amount)} before each step "
-                  f"took the median from {format_seconds(median)} to "
+        extra = args.slowdown * median
+        if host_only:
+            pool.host_seconds = pool.calibration["host_amount"]
+            pool.how = (f"host busy-wait of {format_seconds(pool.host_seconds)} before each "
+                        f"step, sized to slow the calibration session by "
+                        f"{args.slowdown * 100:g} %")
+            print(f"  sized {step}'s host work: {format_seconds(pool.host_seconds)} before "
+                  f"each step took the median from {format_seconds(median)} to "
                   f"{format_seconds(pool.calibration['host_reached'])} (the target: "
                   f"{format_seconds(median * (1 + args.slowdown))})", flush=True)
         else:
-            pool.slowdown = "gpu"
-            pool.amount = pool.extra_seconds * pool.calibration["cycles_per_second"]
+            pool.gpu_cycles = extra * pool.calibration["cycles_per_second"]
+            pool.how = (f"GPU spin kernel (torch.cuda._sleep) of {format_seconds(extra)} after "
+                        f"each step, {args.slowdown * 100:g} % of the calibration median")
+            if step == "launch":  # the host's work grows as much: the slower side shows it
+                pool.host_seconds = extra
+                pool.how = (f"host busy-wait of {format_seconds(extra)} before each step and "
+                            f"a GPU spin kernel as long after it (torch.cuda._sleep), each "
+                            f"{args.slowdown * 100:g} % of the calibration median")
         print(f"  calibrated {step}: median {format_seconds(median)}, "
               f"{'cold' if cold else 'forked'} session {pool.calibration['wall']:.1f} s wall",
               flush=True)
 
-    # The pools: two unchanged sessions to one slowed, steps alternating, as many as the budget
-    # allows (up to 2 --pool and --pool).
+    # The pools: two unchanged sessions to one slowed, as many as the budget allows (up to
+    # 2 --pool and --pool). One step at a time on every device, the budget left shared between
+    # the steps still to run; with --mix-steps the steps alternate on every device instead.
     n = args.sessions
-    order = [(step, kind) for kind in ("unchanged", "unchanged", "slowed") for step in steps]
-    queue = [(step, kind) for _ in range(args.pool or 4 * n) for step, kind in order]
+    phases = [steps] if args.mix_steps else [[step] for step in steps]
     lock = threading.Lock()
     counter = [0]
     failures: list[str] = []
 
-    def stream(device: str, cpus: list[int]) -> None:
+    def stream(device: str, cpus: list[int], queue: list[tuple[str, str]],
+               deadline: float) -> None:
         while True:
             with lock:
                 walls = [w for pool in pools.values() for w in pool.walls()]
@@ -430,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = {**base_spec, "step": step, "device": device, "cpus": cpus,
                     "name": f"{step}/{kind}/{number:03d}"}
             if kind == "slowed":
-                spec.update(slowdown=pool.slowdown, amount=pool.amount)
+                spec.update(host_seconds=pool.host_seconds, gpu_cycles=pool.gpu_cycles)
             try:
                 answer = start_session(forked, spec)
             except RuntimeError as exc:
@@ -445,11 +477,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {step}: {done} sessions ({time.perf_counter() - started:.0f} s)",
                       flush=True)
 
-    threads = [threading.Thread(target=stream, args=(d, c)) for d, c in streams]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    for index, phase in enumerate(phases):
+        left = deadline - time.perf_counter()
+        phase_deadline = time.perf_counter() + left / (len(phases) - index)
+        order = [(step, kind) for kind in ("unchanged", "unchanged", "slowed") for step in phase]
+        queue = [(step, kind) for _ in range(args.pool or 4 * n) for step, kind in order]
+        threads = [threading.Thread(target=stream, args=(d, c, queue, phase_deadline))
+                   for d, c in streams]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     if failures:
         print(f"a session failed: {failures[0]}")
         return 2
@@ -460,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                               "warmup": args.warmup,
                               "sessions_a_side": n, "threshold": args.threshold,
                               "alpha": args.alpha, "slowdown": args.slowdown,
+                              "launch_slowdown": args.launch_slowdown,
+                              "mix_steps": args.mix_steps,
                               "cudnn_benchmark": args.cudnn_benchmark, "steps": {}}
     all_ok = True
     first = next(iter(pools.values())).calibration["fingerprint"]
@@ -505,22 +545,17 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     spread = pooled_spread([unchanged])
     assert spread.sd is not None
     measured = statistics.geometric_mean(slow) / statistics.geometric_mean(unchanged) - 1
-    if pool.slowdown == "host":
-        how = (f"host busy-wait before each step, sized to slow the calibration session by "
-               f"{args.slowdown * 100:g} %")
-    else:
-        how = (f"GPU spin kernel (torch.cuda._sleep) after each step, "
-               f"{args.slowdown * 100:g} % of the calibration median")
     print(f"unchanged pool: {len(unchanged)} sessions, medians "
           f"{format_seconds(min(unchanged))} - {format_seconds(max(unchanged))}, spread between "
           f"sessions {spread.sd * 100:.2f} % ({spread.df} df)")
-    extra = pool.amount if pool.slowdown == "host" else pool.extra_seconds
-    print(f"slowed pool: {len(slow)} sessions, {how}: {format_seconds(extra)}; measured "
-          f"{measured * 100:+.2f} % over the unchanged pool")
+    print(f"slowed pool: {len(slow)} sessions, medians {format_seconds(min(slow))} - "
+          f"{format_seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
+          "unchanged pool")
     rows = trials(store_location, pool, n, count, args.seed, gate)
     caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
-    alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"])
     improved = sum(r["verdict"] == "improvement" for r in rows["unchanged"])
+    alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"]) + improved
+    strays = sum(r["strays"] > 0 for kind in rows.values() for r in kind)
     detectable = statistics.median(r["detectable"] for r in rows["slowed"]
                                    if r["detectable"] is not None)
     caught_goal, alarm_goal = math.ceil(0.95 * count), math.floor(0.05 * count)
@@ -528,22 +563,25 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
           "trials share sessions")
     print(f"  power for a {args.slowdown * 100:g} % slowdown: {caught}/{count} caught "
           f"(goal >= {caught_goal}/{count}); detectable change (median) {detectable * 100:.1f} %")
-    print(f"  false alarms on unchanged code: {alarms}/{count} (goal <= {alarm_goal}/{count}); "
-          f"'improvement' on unchanged code: {improved}/{count}")
-    needed = required_sessions(spread.sd, spread.df, args.slowdown, args.threshold, args.alpha)
+    print(f"  false alarms on unchanged code: {alarms}/{count} (goal <= {alarm_goal}/{count}), "
+          f"of them 'improvement': {improved}")
+    print(f"  trials that left out a stray session (Dixon's Q): {strays}/{2 * count}")
+    needed, most = fewest_sessions(store_location, pool, count, args.seed, gate)
     wall = calibration["wall"] if cold else forked_wall
     if needed is None:
-        print("sessions the recipe needs: more than 50 a side at this spread")
+        print(f"sessions the recipe needs: more than {most} a side (no number up to {most}, "
+              "the most these pools allow, reached the goal in the trials)")
     else:
         minutes = 2 * needed * (wall or 0.0) / 60
-        print(f"sessions the recipe needs at this spread: {needed} a side ({2 * needed} "
-              f"sessions, about {minutes:.1f} min at {wall or 0:.1f} s a session, before "
-              "pytest's own start-up)")
+        print(f"sessions the recipe needs (the fewest a side whose trials on these pools reach "
+              f"the goal): {needed} a side ({2 * needed} sessions, about {minutes:.1f} min at "
+              f"{wall or 0:.1f} s a session, before pytest's own start-up)")
     ok = caught >= caught_goal and alarms <= alarm_goal
     print(f"result: {'PASS' if ok else 'MISS'}")
     figures.update({
         "spread": asdict(spread), "measured_slowdown": measured, "caught": caught,
         "false_alarms": alarms, "improvements_on_unchanged": improved, "trials": count,
+        "trials_with_strays": strays,
         "detectable_median": detectable, "sessions_needed": needed,
         "recipe_minutes": None if needed is None else 2 * needed * (wall or 0.0) / 60,
         "trial_rows": rows, "result": "PASS" if ok else "MISS"})

@@ -4,9 +4,9 @@ compared by the gate from another process; a CPU smoke run and the recipe's sess
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,25 +25,29 @@ def _power_module() -> object:
     return regression_power
 
 
-def test_required_sessions_matches_scipy() -> None:
-    from scipy import stats as scipy_stats  # a test dependency, imported where it is used
-
+def test_slowed_step_adds_host_work_before_and_gpu_work_after() -> None:
     module = _power_module()
-    required = module.required_sessions  # type: ignore[attr-defined]
+    calls: list[str] = []
 
-    def by_scipy(spread: float, slowdown: float, threshold: float, alpha: float) -> int:
-        for n in range(2, 51):
-            se, df = spread * math.sqrt(2 / n), 2 * n - 2
-            bound = max(math.log1p(threshold), scipy_stats.t.ppf(1 - alpha, df) * se)
-            if scipy_stats.t.sf((bound - math.log1p(slowdown)) / se, df) >= 0.95:
-                return n
-        raise AssertionError("more than 50")
+    class FakeCuda:
+        @staticmethod
+        def _sleep(cycles: int) -> None:
+            calls.append(f"spin {cycles}")
 
-    for spread in (0.0007, 0.0036, 0.01, 0.02):
-        assert required(spread, 30, 0.05, 0.025, 0.01) == by_scipy(spread, 0.05, 0.025, 0.01)
-    assert required(0.0036, 30, 0.05, 0.025, 0.01) == 2
-    assert required(0.02, 30, 0.05, 0.025, 0.01) > required(0.01, 30, 0.05, 0.025, 0.01)
-    assert required(0.5, 30, 0.05, 0.025, 0.01) is None  # more than 50 a side
+    class FakeTorch:
+        cuda = FakeCuda
+
+    def step() -> None:
+        calls.append("step")
+
+    slowed = module.slowed  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    slowed(FakeTorch, step, 0.02, 1000.0)()
+    assert time.perf_counter() - started >= 0.02
+    assert calls == ["step", "spin 1000"]
+    calls.clear()
+    slowed(FakeTorch, step, 0.0, 0.0)()
+    assert calls == ["step"]  # neither: the step alone, no spin kernel queued
 
 
 def test_host_work_is_sized_past_the_hosts_slack() -> None:
@@ -97,6 +101,7 @@ def test_cpu_smoke_run(tmp_path: Path) -> None:
     assert "== compute-bound (CPU stand-in): MLP" in text
     assert "trials: each draws 2 + 2 different sessions from the pools" in text
     for line in ("power for a 5 % slowdown: ", "false alarms on unchanged code: ",
+                 "trials that left out a stray session (Dixon's Q): ",
                  "sessions the recipe needs"):
         assert line in text
     report = json.loads(out.read_text())

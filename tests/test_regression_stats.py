@@ -17,6 +17,7 @@ from pytest_gputrain.regression.stats import (
     detectable_change,
     pooled_spread,
     quartiles,
+    stray_session,
     t_ppf,
     t_sf,
     throttled_rounds,
@@ -166,6 +167,67 @@ def test_detectable_change_formula() -> None:
                           + scipy_stats.t.ppf(0.95, df) * se)
     assert detectable_change(0.025, 0.01, se, df) == pytest.approx(expected)
     assert detectable_change(0.025, 0.01, 0.0, df) == pytest.approx(0.025)
+
+
+# Session medians of ResNet-18 batch 32 on the H200, each its own process (2026-11-30): the GPU
+# sets the pace at about 7.55 ms, but in one session of 24 the host's launches were slower and
+# that session ran host-paced.
+PACED = [0.007558, 0.007550, 0.007611, 0.007560, 0.007556, 0.007545, 0.007603, 0.007565]
+HOST_PACED = 0.008275
+
+
+def test_stray_session_is_the_one_far_from_the_others() -> None:
+    assert stray_session([0.007558, 0.007550, HOST_PACED], threshold=0.025) == 2
+    assert stray_session([HOST_PACED, *PACED[:4]], threshold=0.025) == 0
+    assert stray_session([0.0070, *PACED[:3]], threshold=0.025) == 0  # a fast stray too
+    # Spread out evenly: no session stands apart (Dixon's Q 0.90 < 0.97 for three).
+    assert stray_session([0.0075, 0.0076, 0.0085], threshold=0.025) is None
+    # Apart from the others but by less than the threshold: nothing the gate could flag.
+    assert stray_session([1.0, 1.0001, 1.02], threshold=0.025) is None
+    assert stray_session([1.0, 1.0001, 1.03], threshold=0.025) == 2
+    assert stray_session([0.0075, HOST_PACED], threshold=0.025) is None  # two: which one?
+    assert stray_session([1000.0] * 4, threshold=0.02) is None  # deterministic (memory)
+    assert stray_session(PACED + [HOST_PACED] * 3, threshold=0.025) is None  # 11: not tested
+
+
+def test_a_stray_session_neither_hides_a_slowdown_nor_makes_one() -> None:
+    baseline = [*PACED[:3], HOST_PACED]
+    slowed = [value * 1.05 for value in PACED[4:8]]
+    caught = compare_sessions(baseline, slowed, threshold=0.025, alpha=0.01)
+    assert caught.verdict == "regression", caught.reason
+    assert caught.baseline_stray == 3 and caught.current_stray is None
+    assert caught.baseline_sessions == 3 and caught.spread.df_sides == 5
+    assert "left out as stray" in caught.reason and "baseline session 4" in caught.reason
+    # Kept in, the stray session's 9 % would swamp the 5 %: the t-test alone misses it.
+    kept = stats.pooled_spread([baseline, slowed])
+    assert kept.sd is not None
+    se = kept.sd * math.sqrt(1 / 4 + 1 / 4)
+    assert t_sf(math.log(1.05) / se, kept.df) > 0.01
+
+    unchanged = compare_sessions(PACED[:4], [*PACED[4:7], HOST_PACED], threshold=0.025,
+                                 alpha=0.01)
+    assert unchanged.verdict == "ok" and unchanged.current_stray == 3
+    assert unchanged.change is not None and abs(unchanged.change) < 0.01
+
+
+def test_a_pace_seen_on_both_sides_is_no_stray() -> None:
+    """Sessions at two paces on both sides (a host busy in some sessions): the host-paced
+    session of the baseline stands apart from its side but not from the other side's
+    sessions, so it stays; dropping it would make the sides differ."""
+    baseline = [*PACED[:3], HOST_PACED]
+    mixed = [PACED[3], 0.00820, 0.00830, 0.00840]
+    assert stray_session(baseline, threshold=0.025) == 3
+    decision = compare_sessions(baseline, mixed, threshold=0.025, alpha=0.01)
+    assert decision.baseline_stray is None and decision.current_stray is None
+    assert decision.verdict == "ok" and "stray" not in decision.reason
+
+
+def test_history_groups_lose_their_strays_too() -> None:
+    history = [[*PACED[:3], HOST_PACED], PACED[4:7]]
+    decision = compare_sessions([PACED[0]], [PACED[1]], threshold=0.025, alpha=0.01,
+                                history=history)
+    assert decision.spread.df == 4  # 2 + 2: the stray session of the first group is out
+    assert decision.spread.sd is not None and decision.spread.sd < 0.005
 
 
 def test_significant_but_within_threshold_is_ok() -> None:

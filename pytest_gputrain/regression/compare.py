@@ -73,6 +73,8 @@ class MetricComparison:
     current_left_out: int = 0
     baseline_throttled: int = 0  # throttled rounds left out, over all sessions
     current_throttled: int = 0
+    baseline_stray: int | None = None  # index into baseline_values of a stray session left out
+    current_stray: int | None = None
     reason: str = ""
     differences: tuple[FieldDifference, ...] = ()
     unlike: tuple[str, ...] = ()
@@ -97,10 +99,12 @@ class MetricComparison:
             "baseline": {"sessions": self.baseline_sessions, "value": self.baseline_value,
                          "values": list(self.baseline_values),
                          "left_out": self.baseline_left_out,
+                         "stray": self.baseline_stray,
                          "throttled_rounds": self.baseline_throttled},
             "current": {"sessions": self.current_sessions, "value": self.current_value,
                         "values": list(self.current_values),
                         "left_out": self.current_left_out,
+                        "stray": self.current_stray,
                         "throttled_rounds": self.current_throttled},
             "change": self.change, "p_value": self.p_value,
             "detectable_change": self.detectable,
@@ -278,6 +282,7 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
             change=decision.change, p_value=decision.p_value, detectable=decision.detectable,
             spread=spread.sd, spread_df=spread.df, spread_df_sides=spread.df_sides,
             spread_df_history=spread.df_history, history_groups=spread.history_groups,
+            baseline_stray=decision.baseline_stray, current_stray=decision.current_stray,
             reason=reason, forced=bool(strict), **common))
     return rows
 

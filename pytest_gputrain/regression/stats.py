@@ -10,6 +10,10 @@ those numbers:
   summaries, so about a relative spread), pooled from every group of repeated sessions at hand
   (the replicate sessions of each side and the store's history of the test in the same
   environment), with its degrees of freedom.
+- ``stray_session``: a session that ran at another pace from the rest of its group (a
+  launch-bound step whose host was slow in that one process, a neighbour on the GPU), found by
+  Dixon's Q test and left out of the comparison and of the spread, so one stray session neither
+  hides a slowdown nor makes one.
 - ``compare_sessions``: the decision. A regression needs the change of the sessions' geometric
   mean past the threshold *and* a one-sided t-test over sessions (on the logs) significant at
   ``alpha``. With no repeated sessions anywhere the spread is unknown and the verdict is "cannot
@@ -41,6 +45,9 @@ THROTTLE_MASK = 0x8 | 0x20 | 0x40 | 0x80
 CLOCK_FLOOR = 0.9
 # A session with fewer clean rounds than this has no summary (it is left out of comparisons).
 MIN_ROUNDS = 8
+# Dixon's Q at 95 % confidence for 3 to 10 values (Rorabacher, Anal. Chem. 63 (1991) 139): the
+# extreme value is an outlier when its gap to its neighbour is this share of the group's range.
+DIXON_Q95 = {3: 0.970, 4: 0.829, 5: 0.710, 6: 0.625, 7: 0.568, 8: 0.526, 9: 0.493, 10: 0.466}
 # "Detectable": the smallest true change the gate catches with this probability.
 DETECTION_POWER = 0.95
 
@@ -178,6 +185,38 @@ def _log_squares(group: Sequence[float]) -> tuple[float, int]:
     return math.fsum((value - centre) ** 2 for value in logs), len(group) - 1
 
 
+def stray_session(values: Sequence[float], threshold: float) -> int | None:
+    """The index of a session that ran at another pace from the others of its group, or
+    ``None``. On the logs of the sessions' summaries, the most extreme one is a stray when
+    Dixon's Q test rejects it at 95 % (3 to 10 sessions) and its gap to its neighbour is past
+    ``threshold`` too, so sessions that differ by less than the gate could ever flag stay."""
+    critical = DIXON_Q95.get(len(values))
+    if critical is None or min(values) <= 0:
+        return None
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    logs = [math.log(values[i]) for i in order]
+    span = logs[-1] - logs[0]
+    if span <= 0:
+        return None
+    low, high = logs[1] - logs[0], logs[-1] - logs[-2]
+    gap, index = (high, order[-1]) if high >= low else (low, order[0])
+    if gap / span > critical and gap > math.log1p(threshold):
+        return index
+    return None
+
+
+def without_stray(values: Sequence[float], threshold: float,
+                  other_side: Sequence[float] = ()) -> tuple[list[float], int | None]:
+    """``values`` less its stray session (``stray_session``), and that session's index. A
+    session that stands apart from its own side but lies within the range of ``other_side``
+    stays: sessions of both sides at that pace are a mix of two paces (a host busy in some
+    sessions), not one stray, and leaving it out of one side alone would make a difference."""
+    stray = stray_session(values, threshold)
+    if stray is not None and other_side and min(other_side) <= values[stray] <= max(other_side):
+        stray = None
+    return [v for i, v in enumerate(values) if i != stray], stray
+
+
 def pooled_spread(sides: Iterable[Sequence[float]],
                   history: Iterable[Sequence[float]] = ()) -> Spread:
     """Pooled spread between sessions of the same code (a one-way ANOVA's within-group variance
@@ -222,6 +261,8 @@ class SessionComparison:
     detectable: float | None
     spread: Spread
     reason: str
+    baseline_stray: int | None = None  # index of a stray session left out (``stray_session``)
+    current_stray: int | None = None
 
 
 def detectable_change(threshold: float, alpha: float, standard_error: float, df: int,
@@ -251,6 +292,12 @@ def compare_sessions(baseline: Sequence[float], current: Sequence[float], *, thr
     improvement its mirror image (a ratio of 1 / (1 + threshold)). One spread, pooled from
     every group: the sessions of both sides ran the same test on the same kind of machine.
     """
+    strays: dict[str, int | None] = {"baseline": None, "current": None}
+    if min((*baseline, *current), default=0) > 0:
+        (baseline, strays["baseline"]), (current, strays["current"]) = (
+            without_stray(baseline, threshold, current),
+            without_stray(current, threshold, baseline))  # each judged against the whole other
+        history = [without_stray(group, threshold)[0] for group in history]
     spread = pooled_spread([baseline, current], history)
     nb, nc = len(baseline), len(current)
     if not nb or not nc:
@@ -268,6 +315,9 @@ def compare_sessions(baseline: Sequence[float], current: Sequence[float], *, thr
     difference = math.log(cur) - math.log(base)
     change = math.expm1(difference)
     seen = f"{change * 100:+.2f} %"
+    left = [f"{side} session {index + 1}" for side, index in strays.items() if index is not None]
+    stray_note = (f"; left out as stray (Dixon's Q: far from the other sessions of its side): "
+                  f"{', '.join(left)}" if left else "")
     if spread.sd is None:
         return SessionComparison(
             "cannot_tell", nb, nc, base, cur, change, None, None, spread,
@@ -299,7 +349,7 @@ def compare_sessions(baseline: Sequence[float], current: Sequence[float], *, thr
                       f"{threshold * 100:g} % threshold ({sessions})")
         reason += f"; a slowdown of {detectable * 100:.1f} % would be caught 95 % of the time"
     return SessionComparison(verdict, nb, nc, base, cur, change, p_value, detectable, spread,
-                             reason)
+                             reason + stray_note, strays["baseline"], strays["current"])
 
 
 def throttled_rounds(reasons: Sequence[int | None], sm_clocks: Sequence[float | None],
