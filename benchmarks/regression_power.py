@@ -17,7 +17,8 @@ measures what a CI session costs). A session builds the step, times it with the 
 engine (``GpuBenchmark``: ``--warmup`` untimed steps, ``--rounds`` <= 100 timed steps, NVML
 sampler thread) and saves it in a real store as one run; the comparisons then run in this
 parent process, which reads the runs back from the store and decides with the gate's own
-``compare_test`` (t-test over per-session medians, ``--threshold``, ``--alpha``), as
+``compare_test`` (t-test over sessions, each summarised by its fastest clean step or with
+``--step-summary median`` its median; ``--threshold``, ``--alpha``), as
 ``python -m pytest_gputrain compare`` does in CI.
 
 The slowdown makes the step 5 % slower. For the GPU-bound step: a GPU spin kernel
@@ -196,6 +197,7 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
     bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options)
     result = bench(step, device=device)
     out: dict[str, Any] = {"median": median(result.clean_step_times()), "pid": os.getpid(),
+                           "round_times": list(result.clean_step_times()),
                            "throttled": result.throttled_count,
                            "fingerprint": result.fingerprint, "conditions": result.conditions}
     if spec.get("calibrate") and device != "cpu":
@@ -344,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=0.025,
                         help="gate: smallest change reported (0.025 = 2.5 %%)")
     parser.add_argument("--alpha", type=float, default=0.01, help="gate: significance (0.01)")
+    parser.add_argument("--step-summary", default="min", choices=("min", "median"),
+                        help="gate: one session's step time, its fastest clean step (min, the "
+                             "default) or their median")
     parser.add_argument("--gpu-batch", type=int, default=512, help="GPU-bound step's batch")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="sessions set torch.backends.cudnn.benchmark = True")
@@ -492,12 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a session failed: {failures[0]}")
         return 2
 
-    gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha)
+    gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha,
+                        step_summary=args.step_summary)
     report: dict[str, Any] = {"pid": os.getpid(), "devices": devices, "cpu_sets": cpu_sets,
                               "rounds": args.rounds,
                               "warmup": args.warmup,
                               "sessions_a_side": n, "threshold": args.threshold,
-                              "alpha": args.alpha, "slowdown": args.slowdown,
+                              "alpha": args.alpha, "step_summary": args.step_summary,
+                              "slowdown": args.slowdown,
                               "launch_slowdown": args.launch_slowdown,
                               "mix_steps": args.mix_steps,
                               "cudnn_benchmark": args.cudnn_benchmark, "steps": {}}
@@ -506,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {first.get('gpu_name') or first.get('cpu_model')}, torch "
           f"{first.get('torch_version')}, driver {first.get('driver_version')}")
     print(f"recipe: {n} sessions a side, interleaved; gate step_time:{args.threshold * 100:g} %, "
-          f"alpha {args.alpha:g} (t-test over sessions)")
+          f"alpha {args.alpha:g} (t-test over sessions), a session's step time: its "
+          f"{'fastest clean step' if args.step_summary == 'min' else 'median clean step'}")
     for step, pool in pools.items():
         print()
         print(f"== {pool.description} ==")
@@ -528,8 +536,10 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
               gate: GateSettings, cold: bool) -> dict[str, Any]:
     """Print one step's figures; the same as a dict."""
     n, count = args.sessions, args.trials
-    unchanged = [s["median"] for s in pool.unchanged]
-    slow = [s["median"] for s in pool.slowed]
+    pick = min if args.step_summary == "min" else statistics.median
+    unchanged = [pick(s["round_times"]) for s in pool.unchanged]
+    slow = [pick(s["round_times"]) for s in pool.slowed]
+    label = "fastest steps" if args.step_summary == "min" else "medians"
     calibration = pool.calibration
     forked_wall = statistics.median(pool.walls()) if pool.walls() else None
     print(f"session median {format_seconds(calibration['median'])}; "
@@ -545,10 +555,10 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     spread = pooled_spread([unchanged])
     assert spread.sd is not None
     measured = statistics.geometric_mean(slow) / statistics.geometric_mean(unchanged) - 1
-    print(f"unchanged pool: {len(unchanged)} sessions, medians "
+    print(f"unchanged pool: {len(unchanged)} sessions, {label} "
           f"{format_seconds(min(unchanged))} - {format_seconds(max(unchanged))}, spread between "
           f"sessions {spread.sd * 100:.2f} % ({spread.df} df)")
-    print(f"slowed pool: {len(slow)} sessions, medians {format_seconds(min(slow))} - "
+    print(f"slowed pool: {len(slow)} sessions, {label} {format_seconds(min(slow))} - "
           f"{format_seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
           "unchanged pool")
     rows = trials(store_location, pool, n, count, args.seed, gate)

@@ -166,8 +166,8 @@ def test_one_session_a_side_cannot_tell(project: pytest.Pytester,
                  factor=0.7, seed=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "*test_steps.py::test_train*step_time*1/1*-29.*%*–*–*cannot tell*",
-        "cannot tell (2 metric(s)): *step_time saw -29.*%, but with 1 baseline and 1 current "
+        "*test_steps.py::test_train*step_time*1/1*-*%*–*–*cannot tell*",
+        "cannot tell (2 metric(s)): *step_time saw -*%, but with 1 baseline and 1 current "
         "session(s) and no repeated sessions*Run 2 or more sessions a side*",
         "gate passed: 2 cannot tell",
     ])
@@ -240,8 +240,17 @@ def test_threshold_option_and_ini_twins(project: pytest.Pytester,
     """)
     result = run(project, monkeypatch, factor=1.10, seed=4)
     assert result.ret == 0  # +10 % is within the 20 % threshold
-    result.stdout.fnmatch_lines(["*(step_time 20 %) and p < 0.001 over sessions*",
+    result.stdout.fnmatch_lines(["*(step_time 20 %) and p < 0.001 over sessions (t-test on "
+                                 "each session's fastest clean step*",
                                  "*test_train*step_time*ok*"])
+    project.makeini("""
+        [pytest]
+        gpu_compare = nightly
+        gpu_store = perf/store.sqlite
+        gpu_step_summary = median
+    """)
+    by_median = run(project, monkeypatch, seed=5)
+    by_median.stdout.fnmatch_lines(["*t-test on each session's median clean step*"])
     # The command line wins over the ini file.
     strict = run(project, monkeypatch, "--gpu-regression=step_time:5%", "--gpu-alpha=0.01",
                  factor=1.10, seed=4)
@@ -414,6 +423,8 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
     (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
     (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
+    (["--gpu-step-summary=mean"], "*gpu_step_summary / --gpu-step-summary: 'mean' is not a "
+                                  "step summary; expected one of min, median*"),
     (["--gpu-save=latest"], "*gpu_save / --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
      "*10 is below gpu_benchmark_min_rounds 50*"),
@@ -788,11 +799,44 @@ def test_throttled_rounds_left_out_of_comparison() -> None:
     rows = {r.metric: r for r in compare_test("t::a", baseline, [session(1.0, 35)], gate)}
     assert rows["step_time"].verdict == "insufficient_data"
     assert rows["step_time"].current_left_out == 1
-    # Without the flags the slow rounds count: the median moves.
+    # Without the flags the slow rounds count in the median, which moves; the fastest round,
+    # the default summary, is the step's own cost and stays.
     unflagged = session(1.0, 30)
     unflagged.metrics["throttled"] = [False] * 40
-    rows = {r.metric: r for r in compare_test("t::a", baseline, [unflagged], gate)}
+    by_median = GateSettings({"step_time": 0.05}, step_summary="median")
+    rows = {r.metric: r for r in compare_test("t::a", baseline, [unflagged], by_median)}
     assert rows["step_time"].verdict == "regression"
+    rows = {r.metric: r for r in compare_test("t::a", baseline, [unflagged], gate)}
+    assert rows["step_time"].verdict == "ok"
+    assert rows["step_time"].current_values == (pytest.approx(0.010),)
+
+
+def test_fastest_step_summary_sees_a_slowdown_of_every_step() -> None:
+    """A slowdown of every step moves the fastest round as much as the median; interference
+    in some rounds (a busy host, a neighbour) moves only the median."""
+    from pytest_gputrain.regression.benchmark import BenchmarkResult
+    from pytest_gputrain.regression.compare import GateSettings, as_record, compare_test
+
+    fingerprint = {"device_type": "cuda", "gpu_name": "H200"}
+
+    def session(scale: float, busy: int = 0) -> Any:
+        times = [scale * (0.0075 + 0.00001 * (i % 3)) * (1.3 if i < busy else 1.0)
+                 for i in range(100)]
+        return as_record(BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, times, [100],
+                                         fingerprint=fingerprint))
+
+    baseline = [session(1.0), session(1.001, busy=70), session(0.999)]
+    gate = GateSettings({"step_time": 0.025})
+    (slowed,) = compare_test("t::a", baseline,
+                             [session(1.05), session(1.051, busy=60), session(1.049)], gate)
+    assert slowed.verdict == "regression", slowed.reason
+    assert slowed.change == pytest.approx(0.05, abs=0.002)
+    (same,) = compare_test("t::a", baseline, [session(1.0, busy=80), session(1.0)], gate)
+    assert same.verdict == "ok" and abs(same.change or 0) < 0.002
+    by_median = GateSettings({"step_time": 0.025}, step_summary="median")
+    (noisy,) = compare_test("t::a", baseline,
+                            [session(1.05), session(1.051, busy=60), session(1.049)], by_median)
+    assert noisy.verdict == "ok"  # the busy sessions' medians swamp the 5 %
 
 
 def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
@@ -804,7 +848,9 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
         "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
         "*--gpu-benchmark-skip*",
     ])
+    result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*"])
     for ini in ("gpu_save", "gpu_compare", "gpu_regression", "gpu_alpha", "gpu_compare_force",
+                "gpu_step_summary",
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
                 "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip"):

@@ -1,7 +1,8 @@
 """``python -m pytest_gputrain compare BASELINE CURRENT``: the gate over two saved names.
 
     python -m pytest_gputrain compare main pr-123 [--store PATH|URL] [--format text|md|json]
-        [--regression "step_time:2.5%,peak_vram:2%"] [--alpha 0.01] [--force]
+        [--regression "step_time:2.5%,peak_vram:2%"] [--alpha 0.01] [--step-summary min]
+        [--force]
 
 Each side is every session saved under its name at the newest commit of that name, in one
 environment (``NAME``), or one run (``#ID``); ``latest`` is the newest run's sessions. This is
@@ -27,7 +28,9 @@ from pytest_gputrain.regression.history import HistoryError, add_store_argument,
 from pytest_gputrain.regression.settings import (
     DEFAULT_ALPHA,
     DEFAULT_REGRESSION,
+    DEFAULT_STEP_SUMMARY,
     REGRESSION_EXAMPLE,
+    STEP_SUMMARIES,
     parse_alpha,
     parse_thresholds,
 )
@@ -53,6 +56,9 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
                              f"{DEFAULT_REGRESSION.replace('%', '%%')})")
     parser.add_argument("--alpha", default=str(DEFAULT_ALPHA),
                         help=f"significance level over sessions (default {DEFAULT_ALPHA})")
+    parser.add_argument("--step-summary", default=DEFAULT_STEP_SUMMARY, choices=STEP_SUMMARIES,
+                        help="one session's step time: min (its fastest clean round, the "
+                             "default) or median")
     parser.add_argument("--force", action="store_true",
                         help="compare even when the environment fingerprints differ")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text")
@@ -96,7 +102,7 @@ def _settings(args: argparse.Namespace) -> GateSettings:
         alpha = parse_alpha(args.alpha)
     except ValueError as exc:
         raise CompareError(f"--alpha: {exc}") from None
-    return GateSettings(thresholds, alpha, bool(args.force))
+    return GateSettings(thresholds, alpha, bool(args.force), args.step_summary)
 
 
 def _compare(args: argparse.Namespace) -> GateReport:

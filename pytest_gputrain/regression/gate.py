@@ -75,7 +75,8 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     ``save=False`` (an interrupted session) compares and reports but saves nothing.
     """
     results = [BenchmarkResult.from_record(r) for r in records]
-    report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force),
+    report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force,
+                                     settings.step_summary),
                         benchmarks=results, compare_spec=settings.compare,
                         save_name=settings.save)
     _note_profiled(report, results)

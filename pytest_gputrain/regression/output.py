@@ -110,9 +110,11 @@ def headline(report: GateReport) -> str:
 def _rule(report: GateReport) -> str:
     settings = report.settings
     gate = ", ".join(f"{m} {t * 100:g} %" for m, t in settings.thresholds.items()) or "–"
+    summary = ("fastest clean step" if settings.step_summary == "min"
+               else "median clean step")
     return (f"a regression needs a change past the threshold ({gate}) and p < "
-            f"{settings.alpha:g} over sessions (t-test on per-session medians; spread between "
-            "sessions from both sides' repeated sessions and the store's history)")
+            f"{settings.alpha:g} over sessions (t-test on each session's {summary}; spread "
+            "between sessions from both sides' repeated sessions and the store's history)")
 
 
 def _sides(report: GateReport) -> str:
@@ -234,6 +236,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         },
         "settings": {"alpha": report.settings.alpha,
                      "thresholds": report.settings.thresholds,
+                     "step_summary": report.settings.step_summary,
                      "force": report.settings.force, "compare": report.compare_spec},
         "baseline": {"spec": report.compare_spec,
                      "runs": [run.to_json() for run in report.baseline_runs]},

@@ -22,6 +22,10 @@ METRICS = ("step_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
 DEFAULT_ALPHA = 0.01
+# How one session's step time is summarised: its fastest clean round (interference from the host
+# or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
+STEP_SUMMARIES = ("min", "median")
+DEFAULT_STEP_SUMMARY = "min"
 DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
 RESERVED_NAMES = ("latest",)
 URL_SCHEMES = ("postgresql://", "postgres://")  # the store module's, without importing it
@@ -39,6 +43,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
             f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
             metavar="ALPHA"),
+    Option("--gpu-step-summary", "gpu_step_summary", "one session's step time: min (its "
+            "fastest clean round, the default: what a busy host or a neighbour added is left "
+            "out) or median (every round counts: a slowdown of some rounds shows)",
+            metavar="min|median"),
     Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
@@ -75,6 +83,7 @@ class RegressionSettings:
     thresholds: dict[str, float] = field(
         default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
     alpha: float = DEFAULT_ALPHA
+    step_summary: str = DEFAULT_STEP_SUMMARY
     force: bool = False
     json_path: Path | None = None
     store: Path | str = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
@@ -142,6 +151,14 @@ def parse_alpha(value: object) -> float:
     if not math.isfinite(alpha) or not 0 < alpha < 0.5:
         raise ValueError(f"{value!r} must lie strictly between 0 and 0.5; e.g. 0.01")
     return alpha
+
+
+def parse_step_summary(value: object) -> str:
+    text = str(value).strip().lower()
+    if text not in STEP_SUMMARIES:
+        raise ValueError(f"{value!r} is not a step summary; expected one of "
+                         f"{', '.join(STEP_SUMMARIES)} (e.g. min)")
+    return text
 
 
 def parse_run_name(value: object, *, for_save: bool) -> str:
@@ -215,6 +232,12 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         alpha = parse_alpha(alpha_raw) if alpha_raw not in (None, "") else DEFAULT_ALPHA
     except ValueError as exc:
         raise _usage("gpu_alpha", "--gpu-alpha", str(exc)) from None
+    summary_raw = read(config, "gpu_step_summary")
+    try:
+        step_summary = (parse_step_summary(summary_raw) if summary_raw not in (None, "")
+                        else DEFAULT_STEP_SUMMARY)
+    except ValueError as exc:
+        raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
     store = _store(config)
     warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0, "5")
     min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
@@ -232,6 +255,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     _check_untimed(disable, skip, save, compare)
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
+        step_summary=step_summary,
         force=bool(read(config, "gpu_compare_force")),
         json_path=_path(config, "gpu_benchmark_json"), store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
