@@ -974,6 +974,16 @@ def test_recipe_catches_a_slowdown(project: pytest.Pytester, monkeypatch: pytest
         assert row["spread"]["df_sides"] == 4
         assert row["detectable_change"] < 0.05
 
+    assert compare_main("base", "head", "--store", shared_store, "--format", "json",
+                        "--regression", "step_time:2.5%", "--step-summary", "median") == 1
+    by_median = json.loads(capsys.readouterr().out)
+    assert document["settings"]["step_summary"] == "min"
+    assert by_median["settings"]["step_summary"] == "median"
+    for fastest, middle in zip(document["comparisons"], by_median["comparisons"], strict=True):
+        assert fastest["verdict"] == middle["verdict"] == "regression"
+        assert all(a < b for a, b in zip(fastest["baseline"]["values"],
+                                         middle["baseline"]["values"], strict=True))
+
     assert compare_main("base", "head", "--store", shared_store, "--format", "md",
                         "--regression", "step_time:2.5%") == 1
     markdown = capsys.readouterr().out
@@ -1008,6 +1018,10 @@ def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.Mo
     assert "--regression: unknown metric 'speed'" in capsys.readouterr().err
     assert compare_main("base", "head", "--store", store, "--alpha", "2") == 2
     assert "--alpha: '2' must lie strictly between 0 and 0.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as bad_summary:
+        compare_main("base", "head", "--store", store, "--step-summary", "mean")
+    assert bad_summary.value.code == 2
+    assert "--step-summary: invalid choice: 'mean'" in capsys.readouterr().err
     # One session a side: it cannot tell, and passes.
     assert compare_main("base", "head", "--store", store) == 0
     assert "gate passed: 2 cannot tell" in capsys.readouterr().out

@@ -2,10 +2,10 @@
 
 A side is one or more sessions (saved runs, or this pytest session) of one code version. Per
 test: the fingerprints are compared first (different strict fields: "not comparable", unless
-forced); each session is summarised by one value per metric (step time: the median of its
-clean rounds; peak VRAM: its largest peak); then ``stats.compare_sessions`` decides over the
-sessions, with the spread between sessions taken from each side's replicate sessions and from
-the store's history of the test in the same environment. The conditions of the sessions
+forced); each session is summarised by one value per metric (step time: its fastest clean
+round, or their median; peak VRAM: its largest peak); then ``stats.compare_sessions`` decides
+over the sessions, with the spread between sessions taken from each side's replicate sessions
+and from the store's history of the test in the same environment. The conditions of the sessions
 (cuDNN autotuning, an earlier profiler, clocks) are compared too, and a difference is named in
 the verdict: such sides are not like for like.
 """
@@ -172,7 +172,7 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     host busy with other work, so a launch-bound step waits for its launches; a neighbour on the
     GPU) only ever adds time, and comes and goes within a session: on the H200 the median of a
     launch-bound ResNet-18 session ran anywhere from 7.5 to 11.5 ms, its fastest round at
-    7.44-7.55 ms in all but two sessions of 28.
+    7.44-7.54 ms in all but two sessions of 28.
     """
     values = record.metrics.get(metric)
     if not values:

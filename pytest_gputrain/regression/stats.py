@@ -3,8 +3,8 @@
 The unit of evidence is the *session* (one pytest process, saved as one run): rounds inside a
 session vary by microseconds, whole sessions by milliseconds (different cuDNN algorithms, clocks,
 what else the process did), so rounds of one session are not independent evidence about the code.
-Each session is summarised by one number (the median of its clean rounds) and the gate compares
-those numbers:
+Each session is summarised by one number (its fastest clean round, or their median:
+``compare.session_value``) and the gate compares those numbers:
 
 - ``pooled_spread``: the spread between sessions of the same code (of the logs of their
   summaries, so about a relative spread), pooled from every group of repeated sessions at hand
