@@ -767,17 +767,23 @@ print("OK")
 '''
 
 
+def run_script(script: Path, text: str) -> str:
+    """Run ``text`` as a script in a fresh interpreter (torch.compile and its dynamo state stay
+    out of this process); it must exit 0 and print OK. Returns its output."""
+    script.write_text(text)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+    return done.stdout
+
+
 def test_compiled_code_never_sees_the_sync_wrappers(tmp_path: Path) -> None:
     # Dynamo would trace into the probe's Python wrapper of Tensor.item and meet the C method it
     # wraps ("does not know how to trace the builtin TensorBase.item"): an extra graph break and
     # a warning that -W error turns into a failure. The probe takes its wrappers out when
     # torch.compile starts; compiled code then sees torch's own methods.
-    script = tmp_path / "compiled_item.py"
-    script.write_text(COMPILED_ITEM)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
-    assert "torch.compile began in step 1" in done.stdout
+    out = run_script(tmp_path / "compiled_item.py", COMPILED_ITEM)
+    assert "torch.compile began in step 1" in out
 
 
 COMPILED_BACKWARDS = r'''
@@ -810,11 +816,7 @@ def test_compiles_traced_backward_is_not_a_backward_of_the_code(tmp_path: Path) 
     # detect_anomaly(check_nan=False), to keep the forward's stack traces: counted as the
     # code's backward passes, a compiled model looked as if it trained with anomaly detection
     # on (GT115) and had more backward passes than steps.
-    script = tmp_path / "compiled_backwards.py"
-    script.write_text(COMPILED_BACKWARDS)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, check=False)
-    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr
+    run_script(tmp_path / "compiled_backwards.py", COMPILED_BACKWARDS)
 
 
 def test_the_tracing_check_holds_where_is_compiling_says_no() -> None:
