@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pytest_gputrain.regression import conditions, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
-from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY
+from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMMARY
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ VERDICT_LABELS: dict[str, str] = {
     "not_comparable": "not comparable",
     "new": "new (no baseline)",
 }
-DEFAULT_ALPHA = 0.01
 # The history read for one test: its newest results in the same environment.
 HISTORY_LIMIT = 200
 
@@ -191,8 +190,8 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     return (min(clean) if step_summary == "min" else stats.median(clean)), dropped
 
 
-def _side(records: Sequence[ResultRecord], metric: str, step_summary: str = DEFAULT_STEP_SUMMARY
-          ) -> tuple[list[float], int, int]:
+def _side(records: Sequence[ResultRecord], metric: str,
+          step_summary: str) -> tuple[list[float], int, int]:
     """Usable session values, sessions left out, throttled rounds left out."""
     values, left_out, throttled = [], 0, 0
     for record in records:
