@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_gputrain.engine.codes import CODE_RE
 from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import parse_percent, parse_size, shown
 
 if TYPE_CHECKING:
     from pytest_gputrain.engine.rules import Rule
-
-# Every rule's code, shipped or a project's: GT and three digits (project rules use GT9xx).
-# Light on purpose: build_config checks settings at pytest start-up, before any rule loads.
-CODE_RE = re.compile(r"^GT[0-9]{3}$")
 
 
 class SettingError(ValueError):
@@ -197,4 +194,4 @@ def _listing(by_code: dict[str, Rule]) -> str:
             "lists them)")
 
 
-__all__ = ["CODE_RE", "RuleConfig", "SettingError", "apply_config", "build_config"]
+__all__ = ["RuleConfig", "SettingError", "apply_config", "build_config"]

@@ -18,7 +18,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 from pytest_gputrain import scopes
-from pytest_gputrain.engine.config import CODE_RE
+from pytest_gputrain.engine.codes import CODE_RE
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
 from pytest_gputrain.severity import SEVERITY_RANK
 
