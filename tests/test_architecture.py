@@ -32,6 +32,9 @@ FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe"
               "regression": "regression", "ladder": "ladder", "distributed": "distributed"}
 # Cycles that exist today and are being removed elsewhere; any other cycle fails.
 KNOWN_CYCLES: set[frozenset[str]] = set()
+# The condition language (engine/expr/), bottom to top: a module imports only those before it.
+EXPR_LAYERS = ("limits", "errors", "values", "operations", "functions", "tree", "tokens",
+               "parser", "templates")
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:
@@ -178,6 +181,25 @@ def test_no_import_cycles() -> None:
     # Imports that run (lazy ones inside functions included); TYPE_CHECKING imports never do.
     found = set(cycles(import_graph(type_checking=False))) - KNOWN_CYCLES
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
+
+
+def test_the_engine_has_no_import_cycle_even_counting_type_checking() -> None:
+    graph = {module: {target for target in targets if target.startswith("pytest_gputrain.engine")}
+             for module, targets in import_graph(type_checking=True).items()
+             if module.startswith("pytest_gputrain.engine")}
+    assert cycles(graph) == []
+
+
+def test_the_expression_language_imports_down_only() -> None:
+    package = "pytest_gputrain.engine.expr"
+    inside = sorted(module.removeprefix(package + ".") for module in MODULES
+                    if module.startswith(package + "."))
+    assert inside == sorted(EXPR_LAYERS), f"give each module of {package} its place in EXPR_LAYERS"
+    for module in EXPR_LAYERS:
+        below = {f"{package}.{name}" for name in EXPR_LAYERS[:EXPR_LAYERS.index(module)]}
+        for target, line in imports(MODULES[f"{package}.{module}"].read_text(encoding="utf-8")):
+            if target.startswith(package):
+                assert target in below, f"{package}.{module}:{line} imports {target}"
 
 
 # -- the checks themselves catch what they are for ----------------------------------------------
