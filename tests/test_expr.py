@@ -325,6 +325,18 @@ def test_chain_evaluates_middle_operand_once_and_short_circuits() -> None:
         ("version('2.11.0+cu130') >= version('2.11')", True),
         ("version('13.0') > version('12.9.1')", True),
         ("version('1') < version('1.0.1')", True),
+        # Pre-releases come before their release (PEP 440); local tags do not count.
+        ("version('2.6.0rc1') < version('2.6')", True),
+        ("version('2.6.0rc1') > version('2.6.0b3')", True),
+        ("version('2.6.0rc1') >= version('2.5.1')", True),
+        ("version('2.11.0.dev20260101+cu130') < version('2.11')", True),
+        ("version('2.11.0.dev20260101+cu130') > version('2.11.0.dev20251231')", True),
+        ("version('2.11.0+cu130') == version('2.11')", True),
+        ("version('2.11.0+cu130') <= version('2.11.0')", True),
+        ("version('2.1.0a0+git1234') < version('2.1')", True),
+        ("version('12.8') < version('12.10')", True),
+        ("version('580.159.04') > version('580.65.06')", True),
+        ("version('580.159.04') == version('580.159.4')", True),
     ],
 )
 def test_comparisons(text: str, expected: object) -> None:
@@ -536,7 +548,7 @@ def test_lookup_lists_hold_unknown_for_none() -> None:
         ("max(['a', 'b'])", "b"),
         ("min(7)", 7),
         ("min([])", UNKNOWN),
-        ("max(version('1.2'), version('1.10'))", Version((1, 10))),
+        ("max(version('1.2'), version('1.10'))", Version("1.10")),
         ("abs(-3)", 3),
         ("abs(-2.5)", 2.5),
         ("round(2.567, 2)", 2.57),
@@ -566,16 +578,19 @@ def test_lookup_lists_hold_unknown_for_none() -> None:
         ("startswith('abc', 'b')", False),
         ("startswith('abc', ['x', 'a'])", True),
         ("startswith('abc', [])", False),
-        ("version('12.4')", Version((12, 4))),
-        ("version('580.159.04')", Version((580, 159, 4))),
-        ("version('2.11.0+cu130')", Version((2, 11, 0))),
-        ("version('2.1.0a0+git1234')", Version((2, 1, 0))),
-        ("version('v1.2')", Version((1, 2))),
-        ("version(' 3.1 ')", Version((3, 1))),
-        ("version('12.4.x')", Version((12, 4))),
-        ("version(91002)", Version((91002,))),
-        ("version(12.4)", Version((12, 4))),
-        ("version(version('1.2'))", Version((1, 2))),
+        ("version('12.4')", Version("12.4")),
+        ("version('580.159.04')", Version("580.159.4")),
+        ("version('2.11.0+cu130')", Version("2.11.0")),
+        ("version('2.1.0a0+git1234')", Version("2.1.0a0")),
+        ("version('2.6.0rc1')", Version("2.6.0rc1")),
+        ("version('2.11.0.dev20260101+cu130')", Version("2.11.0.dev20260101")),
+        ("version('12.8')", Version("12.8")),
+        ("version('v1.2')", Version("1.2")),
+        ("version(' 3.1 ')", Version("3.1")),
+        ("version('12.4.x')", Version("12.4")),
+        ("version(91002)", Version("91002")),
+        ("version(12.4)", Version("12.4")),
+        ("version(version('1.2'))", Version("1.2")),
         ("major('13.0')", 13),
         ("major(13.7)", 13),
         ("major(12)", 12),
@@ -585,6 +600,8 @@ def test_lookup_lists_hold_unknown_for_none() -> None:
         ("minor('13')", 0),
         ("minor('580.159.04')", 159),
         ("minor(12.4)", 4),
+        ("major('2.6.0rc1')", 2),
+        ("minor('2.11.0.dev20260101+cu130')", 11),
         ("bit(8, 8)", True),
         ("bit(8, 4)", False),
         ("bit(12, 4)", True),
@@ -662,6 +679,7 @@ def test_arch_supported_with_facts() -> None:
         ("version(-1)", ["version()"]),
         ("version(true)", ["version()", "bool"]),
         ("version([1])", ["version()", "list"]),
+        (f"version('1.{'9' * 65}')", ["version()", "more than 64 digits"]),
         ("major('x')", ["major()"]),
         ("minor([])", ["minor()"]),
         ("major(1e308 * 10)", ["major()", "inf"]),
@@ -696,11 +714,13 @@ def test_version_values() -> None:
     assert isinstance(v, Version)
     assert str(v) == "2.11.0"
     assert repr(v) == "version('2.11.0')"
-    assert v == Version((2, 11))
-    assert hash(v) == hash(Version((2, 11, 0, 0)))
-    assert Version((1, 2)) < Version((1, 10)) <= Version((1, 10, 0)) < Version((2,))
-    assert Version((2,)) > Version((1, 9)) >= Version((1, 9))
-    assert Version((1,)) != (1,)
+    assert v == Version("2.11")
+    assert hash(v) == hash(Version("2.11.0.0"))
+    assert Version("1.2") < Version("1.10") <= Version("1.10.0") < Version("2")
+    assert Version("2") > Version("1.9") >= Version("1.9")
+    assert Version("1") != (1,)
+    # The local tag is dropped: a CUDA build of 2.11.0 is release 2.11.0.
+    assert Version("2.11.0+cu130") == Version("2.11") and str(Version("2.11.0+cu130")) == "2.11.0"
 
 
 # --------------------------------------------------------------------------------------------

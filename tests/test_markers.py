@@ -8,6 +8,7 @@ import pytest
 from gputrain_fake import fake_project
 
 from pytest_gputrain.assertions import markers
+from pytest_gputrain.versions import version_at_least
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
@@ -59,6 +60,8 @@ def test_requires_cuda_runs_on_a_gpu_that_meets_every_condition(pytester: pytest
      "needs 80 GiB total on cuda:0, NVIDIA A10 has 22 GiB"),
     ("gpu_inventory(torch_version='2.0.1+cu118')", "min_torch='2.1'",
      "needs torch >= 2.1, have 2.0.1+cu118"),
+    ("gpu_inventory(torch_version='2.6.0rc1+cu126')", "min_torch='2.6'",
+     "needs torch >= 2.6, have 2.6.0rc1+cu126"),
     ("gpu_inventory(driver_version='470.82.01')", "min_driver='535'",
      "needs NVIDIA driver >= 535, have 470.82.01"),
 ])
@@ -733,10 +736,35 @@ def test_parse_capability_rejects(value: object) -> None:
 @pytest.mark.parametrize(("have", "need", "ok"), [
     ("2.13.0+cpu", "2.1", True), ("2.1.0", "2.1", True), ("2.0.1+cu118", "2.1", False),
     ("2.10.0", "2.9", True), ("580.159.04", "535", True), ("470.82.01", "535", False),
-    ("535", "535.104.05", False), ("2.1.0a0+git", "2.1", True),
+    ("535", "535.104.05", False), ("580.159.04", "580.159.3", True), ("12.8", "12.10", False),
+    # A local tag names the build, not a later release: a CUDA build of 2.11 is 2.11.
+    ("2.11.0+cu130", "2.11", True), ("2.11.0+cu130", "2.11.0+cu131", True),
+    # A pre-release comes before its release (PEP 440); it used to count as the release.
+    ("2.1.0a0+git", "2.1", False), ("2.6.0rc1", "2.6", False), ("2.6.0rc1", "2.6.0rc1", True),
+    ("2.6.0", "2.6.0rc1", True), ("2.6.0rc2", "2.6.0rc1", True), ("2.6.0rc1", "2.5.1", True),
+    ("2.11.0.dev20260101+cu130", "2.11", False), ("2.11.0.dev20260101+cu130", "2.10", True),
+    ("2.11.0.dev20260101", "2.11.0.dev20251231", True),
 ])
 def test_version_at_least(have: str, need: str, ok: bool) -> None:
-    assert markers.version_at_least(have, need) is ok
+    assert version_at_least(have, need) is ok
+
+
+@pytest.mark.parametrize(("have", "need"),
+                         [("unknown", "2.1"), ("2.1", ""), ("2." + "1" * 65, "2")])
+def test_version_at_least_is_none_when_a_version_cannot_be_read(have: str, need: str) -> None:
+    assert version_at_least(have, need) is None
+
+
+@pytest.mark.parametrize("value", ["2.6.0rc1", "2.11.0.dev20260101", "580.159.04", 535])
+def test_min_torch_and_min_driver_take_pep440_versions(value: object) -> None:
+    spec = markers.parse_requires_cuda(min_torch=value, min_driver=value)
+    assert spec.min_torch == spec.min_driver == str(value)
+
+
+@pytest.mark.parametrize("value", ["2.6.0rcx", "2.1 beta", "latest", "2.1-"])
+def test_min_torch_rejects_what_is_not_a_whole_version(value: str) -> None:
+    with pytest.raises(markers.MarkerError, match=r"min_torch: invalid version .*PEP 440"):
+        markers.parse_requires_cuda(min_torch=value)
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

@@ -178,24 +178,6 @@ def parse_capability(value: Any) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2) or 0)
 
 
-_VERSION_RE = re.compile(r"^\s*(\d+(?:\.\d+)*)")
-
-
-def version_tuple(text: str) -> tuple[int, ...] | None:
-    """Leading release numbers of a version: ``"2.13.0+cpu"`` -> ``(2, 13, 0)``."""
-    match = _VERSION_RE.match(text)
-    return tuple(int(part) for part in match.group(1).split(".")) if match else None
-
-
-def version_at_least(have: str, need: str) -> bool | None:
-    """``have >= need`` comparing release numbers (2.1 == 2.1.0); None when unparseable."""
-    a, b = version_tuple(have), version_tuple(need)
-    if a is None or b is None:
-        return None
-    width = max(len(a), len(b))
-    return a + (0,) * (width - len(a)) >= b + (0,) * (width - len(b))
-
-
 def _version(marker: str, name: str, value: Any, example: str) -> str:
     # A version number has a few short parts; a huge int (10**5000 cannot even be printed) or
     # a thousand-digit part is a mistake.
@@ -204,9 +186,13 @@ def _version(marker: str, name: str, value: Any, example: str) -> str:
         raise MarkerError(f"{marker}: {name}: invalid version {shown(value)}: expected a string "
                           f"such as {example}")
     text = str(value).strip()
-    if not re.fullmatch(r"\d{1,9}(\.\d{1,9})*", text):
-        raise MarkerError(f"{marker}: {name}: invalid version {shown(value)}: expected numbers "
-                          f"separated by dots, e.g. {example}")
+    from pytest_gputrain.versions import Version  # imports packaging: only for markers that need it
+
+    try:
+        Version(text)  # the whole text: a typo is an error, not a shorter version
+    except ValueError:
+        raise MarkerError(f"{marker}: {name}: invalid version {shown(value)}: expected a "
+                          f"version number (PEP 440) such as {example}") from None
     return text
 
 

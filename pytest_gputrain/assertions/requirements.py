@@ -10,11 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pytest_gputrain.assertions.markers import (
-    RequiresCuda,
-    describe_size,
-    version_at_least,
-)
+from pytest_gputrain.assertions.markers import RequiresCuda, describe_size
+from pytest_gputrain.versions import version_at_least
 
 
 @dataclass

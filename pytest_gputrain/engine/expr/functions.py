@@ -196,12 +196,11 @@ def _fn_major(args: Sequence[object]) -> object:
             return int(value)
         except (OverflowError, ValueError) as exc:  # inf, nan
             raise Problem(f"no major version in {describe(value)}: {exc}") from None
-    return parse_version(value)[0]
+    return parse_version(value).major
 
 
 def _fn_minor(args: Sequence[object]) -> object:
-    parts = parse_version(args[0])
-    return parts[1] if len(parts) > 1 else 0
+    return parse_version(args[0]).minor
 
 
 def _parse_arch(entry: str) -> tuple[str, int, int, str] | None:
@@ -223,7 +222,7 @@ def _parse_arch(entry: str) -> tuple[str, int, int, str] | None:
 
 def _fn_arch_supported(args: Sequence[object]) -> object:
     capability = parse_version(args[0])
-    cap = (capability[0], capability[1] if len(capability) > 1 else 0)
+    cap = (capability.major, capability.minor)
     for entry in _list_arg(args[1]):
         if not isinstance(entry, str):
             continue
@@ -280,7 +279,8 @@ FUNCTIONS: Final[Mapping[str, FunctionSpec]] = MappingProxyType({
                      "s starts with prefix (or with one of a list of prefixes)",
                      2, 2, _fn_startswith, gives="truth"),
         FunctionSpec("version", "version(s)",
-                     "a comparable version: version('2.11.0+cu130') == version('2.11')",
+                     "a comparable version (PEP 440, local tag dropped): "
+                     "version('2.11.0+cu130') == version('2.11') > version('2.11.0rc1')",
                      1, 1, _fn_version),
         FunctionSpec("major", "major(s)", "major version: major('13.0') == 13", 1, 1, _fn_major),
         FunctionSpec("minor", "minor(s)", "minor version: minor('12.4') == 4 (0 if absent)",

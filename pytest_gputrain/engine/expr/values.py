@@ -1,6 +1,6 @@
-"""The values a condition computes with: :data:`UNKNOWN` (three-valued logic), :class:`Version`,
-how facts come in (:func:`normalize`) and go out (:func:`plain`), and how values are described
-in error messages.
+"""The values a condition computes with: :data:`UNKNOWN` (three-valued logic), :class:`Version`
+(the project's one version type, from :mod:`pytest_gputrain.versions`), how facts come in
+(:func:`normalize`) and go out (:func:`plain`), and how values are described in error messages.
 
 May import :mod:`.limits` and :mod:`.errors`.
 """
@@ -11,7 +11,8 @@ import math
 from typing import ClassVar, Final, TypeGuard
 
 from pytest_gputrain.engine.expr.errors import Problem
-from pytest_gputrain.engine.expr.limits import MAX_DIGITS
+from pytest_gputrain.versions import Version as Version  # the rule language's version values
+from pytest_gputrain.versions import read_version
 
 DIGITS: Final = frozenset("0123456789")  # ASCII only: str.isdigit() also takes "²"
 
@@ -45,55 +46,6 @@ class Unknown:
 
 
 UNKNOWN: Final = Unknown()
-
-
-class Version(tuple[int, ...]):
-    """What ``version()`` returns: comparable like a release number (``12.4 == 12.4.0``)."""
-
-    __slots__ = ()
-
-    def _key(self) -> tuple[int, ...]:
-        # Trailing zeros do not change a version; stripping them makes (12, 4) == (12, 4, 0)
-        # and keeps the order of zero-padded comparison.
-        parts = tuple(self)
-        while parts and parts[-1] == 0:
-            parts = parts[:-1]
-        return parts
-
-    def __str__(self) -> str:
-        return ".".join(str(part) for part in self)
-
-    def __repr__(self) -> str:
-        return f"version('{self}')"
-
-    def __hash__(self) -> int:
-        return hash(("version", self._key()))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Version) and self._key() == other._key()
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __lt__(self, other: object) -> bool:
-        if not isinstance(other, Version):
-            return NotImplemented
-        return self._key() < other._key()
-
-    def __le__(self, other: object) -> bool:
-        if not isinstance(other, Version):
-            return NotImplemented
-        return self._key() <= other._key()
-
-    def __gt__(self, other: object) -> bool:
-        if not isinstance(other, Version):
-            return NotImplemented
-        return self._key() > other._key()
-
-    def __ge__(self, other: object) -> bool:
-        if not isinstance(other, Version):
-            return NotImplemented
-        return self._key() >= other._key()
 
 
 def is_number(value: object) -> TypeGuard[int | float]:
@@ -131,7 +83,7 @@ def normalize(value: object) -> object:
     """A looked-up fact as the evaluator sees it: None is UNKNOWN, sequences are lists."""
     if value is None:
         return UNKNOWN
-    if isinstance(value, list | tuple) and not isinstance(value, Version):
+    if isinstance(value, list | tuple):
         return [UNKNOWN if item is None else item for item in value]
     return value
 
@@ -149,42 +101,17 @@ def plain(value: object) -> object:
 
 
 def parse_version(value: object) -> Version:
-    """A version read from a version, a non-negative number or text ('v2.11.0+cu130')."""
+    """A version read from a version, a non-negative number or text ('v2.11.0+cu130').
+
+    Text is read as far as it forms a version (see :func:`pytest_gputrain.versions.read_version`).
+    """
     if isinstance(value, Version):
         return value
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise Problem(f"cannot read a version from {describe(value)}")
-    if isinstance(value, int):
-        if value < 0:
-            raise Problem(f"cannot read a version from {describe(value)}")
-        return Version((value,))
-    if isinstance(value, float):
-        if not math.isfinite(value) or value < 0:
-            raise Problem(f"cannot read a version from {describe(value)}")
-        text = repr(value)
-    elif isinstance(value, str):
-        text = value
-    else:
+    if isinstance(value, int | float) and not (math.isfinite(value) and value >= 0):
         raise Problem(f"cannot read a version from {describe(value)}")
-    text = text.strip()
-    if text[:1] in ("v", "V"):
-        text = text[1:]
-    parts: list[int] = []
-    index = 0
-    # Leading dot-separated runs of digits; anything after ('+cu130', 'a0', '-rc1') is dropped.
-    while True:
-        end = index
-        while end < len(text) and text[end] in DIGITS:
-            end += 1
-        if end == index:
-            break
-        if end - index > MAX_DIGITS:
-            raise Problem(f"version component too long in {short_repr(value)}")
-        parts.append(int(text[index:end]))
-        if end + 1 < len(text) and text[end] == "." and text[end + 1] in DIGITS:
-            index = end + 1
-        else:
-            break
-    if not parts:
-        raise Problem(f"cannot read a version from {describe(value)}")
-    return Version(parts)
+    try:
+        return read_version(value if isinstance(value, str) else repr(value))
+    except ValueError as exc:
+        raise Problem(f"cannot read a version from {describe(value)}: {exc}") from None
