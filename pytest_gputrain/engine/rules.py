@@ -10,7 +10,19 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,11 +33,9 @@ from pytest_gputrain import scopes
 from pytest_gputrain.engine.codes import CODE_RE
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
 from pytest_gputrain.severity import SEVERITY_RANK
+from pytest_gputrain.units import shown
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-REQUIRED = ("code", "name", "title", "scope", "severity", "condition", "message", "fix", "why")
-OPTIONAL = ("evidence", "references", "params", "docs")
-DOC_SECTIONS = ("example", "use_instead", "options", "notes")
 
 
 class RuleFileError(ValueError):
@@ -54,25 +64,118 @@ class Rule:
                 | frozenset(self.evidence))
 
 
+# -- the structure of a rule file ------------------------------------------------------------------
+# Strict: TOML has its own types, and a number where text belongs is a mistake in the file, not
+# something to convert. Each field's description is what its error message says it must be.
+
+def _registered_scope(scope: str) -> str:
+    known = scopes.names()  # features register scopes at run time: no fixed list here
+    if scope not in known:
+        raise ValueError(f"must be one of {', '.join(known)}")
+    return scope
+
+
+def _severity(severity: str) -> str:
+    if severity not in SEVERITY_RANK:
+        raise ValueError(f"must be one of {', '.join(SEVERITY_RANK)}")
+    return severity
+
+
+_STRICT: Final = ConfigDict(extra="forbid", strict=True)
+_TEXT: Final = "a string"
+
+
+class _Docs(BaseModel):
+    """The [docs] table: the sections of the rule's documentation (``explain``)."""
+
+    model_config = _STRICT
+    example: str | None = None
+    use_instead: str | None = None
+    options: str | None = None
+    notes: str | None = None
+
+
+DOC_SECTIONS: Final = tuple(_Docs.model_fields)
+
+
+class _RuleFile(BaseModel):
+    model_config = _STRICT
+    code: str = Field(pattern=CODE_RE.pattern, description=(
+        "GT and three digits (GT001; a project's own rules use GT900 to GT999)"))
+    name: str = Field(pattern=NAME_RE.pattern, description="lower-case words joined by '-'")
+    title: str = Field(description=_TEXT)
+    scope: Annotated[str, AfterValidator(_registered_scope)] = Field(description=_TEXT)
+    severity: Annotated[str, AfterValidator(_severity)] = Field(description=_TEXT)
+    condition: str = Field(description=_TEXT)
+    message: str = Field(description=_TEXT)
+    fix: str = Field(description=_TEXT)
+    why: str = Field(description=_TEXT)
+    evidence: list[str] = Field(default_factory=list, description="a list of strings")
+    references: list[str] = Field(default_factory=list, description="a list of strings")
+    params: dict[str, StrictBool | StrictInt | StrictFloat | StrictStr] = Field(
+        default_factory=dict, description="a table of numbers, strings and booleans")
+    docs: _Docs = Field(default_factory=_Docs, description="a table of strings")
+
+
+def _where(data: object, loc: tuple[int | str, ...]) -> str:
+    """The place in the file an error's location points to: 'params.batch', 'evidence[1]'.
+
+    pydantic's locations go on past the data (union members, model names); the place ends
+    where the data does.
+    """
+    place, node = "", data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            place += f".{part}" if place else str(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            place += f"[{part}]"
+        else:
+            break
+        node = node[part]  # type: ignore[index]
+    return place
+
+
+def _structure_error(path: Path, data: dict[str, Any], error: ValidationError) -> RuleFileError:
+    """pydantic's errors as one message in the project's form: the file, the field, the problem."""
+    problems: list[str] = []
+    unknown: dict[str, list[str]] = {}  # "" for the file's top level, "docs" for its sections
+    places: set[str] = set()
+    for detail in error.errors(include_url=False):
+        loc, kind, value = detail["loc"], detail["type"], detail["input"]
+        key = str(loc[0])
+        if kind == "extra_forbidden":
+            unknown.setdefault(str(loc[0]) if len(loc) > 1 else "", []).append(str(loc[-1]))
+            continue
+        if kind == "missing":
+            problems.append(f"missing required field '{key}'")
+            continue
+        place = _where(data, loc)
+        if place in places:
+            continue  # a value that fits no member of a union gives one error per member
+        places.add(place)
+        if kind == "value_error":  # from a validator above: its text says what is allowed
+            reason, got = str(detail.get("ctx", {}).get("error")), shown(value)
+        else:
+            reason = f"must be {_RuleFile.model_fields[key].description}"
+            # The type is shown where it is what is wrong ('5' and 5 read alike otherwise).
+            got = (f"{type(value).__name__} {shown(value)}" if kind.endswith("_type")
+                   else shown(value))
+        at = f" at {place}" if place != key else ""
+        problems.append(f"field '{key}' {reason}, got {got}{at}")
+    unknown_problems = [
+        f"unknown {'docs section(s)' if section else 'field(s)'} {', '.join(sorted(names))}; "
+        f"allowed: {', '.join(DOC_SECTIONS if section else _RuleFile.model_fields)}"
+        for section, names in unknown.items()]
+    problems = unknown_problems + problems
+    return RuleFileError(f"{path}: {'; '.join(problems)}")
+
+
 def builtin_rules_dir() -> Path:
     """Rules ship in the wheel as pytest_gputrain/rules; a source checkout has them at the top."""
     packaged = Path(__file__).resolve().parent.parent / "rules"
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parent.parent.parent / "rules"
-
-
-def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
-    if key not in data:
-        raise RuleFileError(f"{path}: missing required field '{key}'")
-    value = data[key]
-    if not isinstance(value, kind):
-        expected = (kind.__name__ if isinstance(kind, type)
-                    else " or ".join(k.__name__ for k in kind))
-        raise RuleFileError(
-            f"{path}: field '{key}' must be a {expected}, got {type(value).__name__} {value!r}"
-        )
-    return value
 
 
 def load_rule_file(path: Path) -> Rule:
@@ -82,82 +185,39 @@ def load_rule_file(path: Path) -> Rule:
         raise RuleFileError(f"{path}: not valid TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RuleFileError(f"{path}: cannot be read: {exc}") from None
-    unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
-    if unknown:
+    try:
+        values = _RuleFile.model_validate(data)
+    except ValidationError as exc:
+        raise _structure_error(path, data, exc) from None
+    if not path.name.startswith(values.code):
         raise RuleFileError(
-            f"{path}: unknown field(s) {', '.join(unknown)}; allowed: "
-            f"{', '.join(REQUIRED + OPTIONAL)}"
-        )
-    values = {key: _require(data, key, str, path) for key in REQUIRED}
-    if not CODE_RE.match(values["code"]):
-        raise RuleFileError(f"{path}: field 'code' must be GT and three digits (GT001; a "
-                            f"project's own rules use GT900 to GT999), got {values['code']!r}")
-    if not path.name.startswith(values["code"]):
-        raise RuleFileError(
-            f"{path}: file name must start with the rule's code {values['code']} "
-            f"(e.g. {values['code']}-{values['name']}.toml)"
-        )
-    if not NAME_RE.match(values["name"]):
-        raise RuleFileError(
-            f"{path}: field 'name' must be lower-case words joined by '-', got {values['name']!r}"
-        )
-    known_scopes = scopes.names()
-    if values["scope"] not in known_scopes:
-        raise RuleFileError(
-            f"{path}: field 'scope' must be one of {', '.join(known_scopes)}, "
-            f"got {values['scope']!r}"
-        )
-    if values["severity"] not in SEVERITY_RANK:
-        raise RuleFileError(
-            f"{path}: field 'severity' must be one of info, warning, error, "
-            f"got {values['severity']!r}"
-        )
-    evidence = data.get("evidence", [])
-    references = data.get("references", [])
-    params = data.get("params", {})
-    docs = data.get("docs", {})
-    for key, value in (("evidence", evidence), ("references", references)):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise RuleFileError(f"{path}: field '{key}' must be a list of strings")
-    if not isinstance(params, dict):
-        raise RuleFileError(f"{path}: field 'params' must be a table")
-    for key, value in params.items():
-        if not isinstance(value, int | float | str | bool):
-            raise RuleFileError(
-                f"{path}: params.{key} must be a number, string or boolean, got {value!r}"
-            )
-    if not isinstance(docs, dict) or not all(isinstance(v, str) for v in docs.values()):
-        raise RuleFileError(f"{path}: field 'docs' must be a table of strings")
-    bad_docs = sorted(set(docs) - set(DOC_SECTIONS))
-    if bad_docs:
-        raise RuleFileError(
-            f"{path}: unknown docs section(s) {', '.join(bad_docs)}; allowed: "
-            f"{', '.join(DOC_SECTIONS)}"
+            f"{path}: file name must start with the rule's code {values.code} "
+            f"(e.g. {values.code}-{values.name}.toml)"
         )
     compiled: dict[str, Any] = {}
     for key, parser in (("condition", parse), ("message", parse_template), ("fix", parse_template)):
         try:
-            compiled[key] = parser(values[key])
+            compiled[key] = parser(getattr(values, key))
         except ConditionError as exc:
             raise RuleFileError(f"{path}: field '{key}': {exc}") from None
     if compiled["condition"].gives_truth() is False:
         raise RuleFileError(
-            f"{path}: field 'condition': {values['condition'].strip()!r} gives a value, not true "
+            f"{path}: field 'condition': {values.condition.strip()!r} gives a value, not true "
             "or false, so the rule would never fire; compare it (e.g. `... > 0`)")
     return Rule(
-        code=values["code"],
-        name=values["name"],
-        title=values["title"],
-        scope=values["scope"],
-        severity=values["severity"],
+        code=values.code,
+        name=values.name,
+        title=values.title,
+        scope=values.scope,
+        severity=values.severity,
         condition=compiled["condition"],
         message=compiled["message"],
         fix=compiled["fix"],
-        why=values["why"].strip(),
-        evidence=tuple(evidence),
-        references=tuple(references),
-        params=dict(params),
-        docs={k: v.strip() for k, v in docs.items()},
+        why=values.why.strip(),
+        evidence=tuple(values.evidence),
+        references=tuple(values.references),
+        params=dict(values.params),
+        docs={k: v.strip() for k, v in values.docs.model_dump(exclude_none=True).items()},
         path=path,
     )
 
