@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 # under pytest_gputrain ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
-                              "severity", "options", "xdist", "hookspecs", "versions"})),
+                              "severity", "options", "xdist", "hookspecs", "versions",
+                              "percentiles"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),

@@ -13,6 +13,15 @@ def test_line_through_exact_points() -> None:
     assert fit.per_sample == pytest.approx(50)
 
 
+def test_line_through_scattered_points_is_numpys_least_squares_fit() -> None:
+    import numpy
+
+    points = [(8, 1_300_000), (16, 1_690_000), (24, 2_010_000), (48, 3_400_000)]
+    slope, intercept = numpy.polyfit([b for b, _ in points], [p for _, p in points], 1)
+    fit = fit_line(points)
+    assert (fit.per_sample, fit.intercept) == pytest.approx((slope, intercept), rel=1e-12)
+
+
 def test_prediction_meets_the_budget_and_stays_under_it() -> None:
     fit = fit_line([(32, 2_000_000_000 + 32 * 5_000_000), (700, 2_000_000_000 + 700 * 5_000_000)])
     budget = 14 * 2**30

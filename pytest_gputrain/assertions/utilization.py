@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from pytest_gputrain.assertions.failure import AssertionFailure
 from pytest_gputrain.assertions.markers import MIN_UTILIZATION, MinUtilization
+from pytest_gputrain.percentiles import percentiles
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 TIMELINE_WIDTH = 60
@@ -35,13 +36,6 @@ class UtilizationResult:
     def mean(self, warmup: float = 0.0) -> float | None:
         values = self.measured(warmup)
         return sum(values) / len(values) if values else None
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float:
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def _block(value: float, low: float = 0.0, high: float = 100.0) -> str:
@@ -122,9 +116,9 @@ def describe(spec: MinUtilization, result: UtilizationResult) -> str:
              + (f" after a {spec.warmup:g} s warm-up" if spec.warmup else "")
              + f": {len(values)} samples, one every {result.interval * 1000:.0f} ms"]
     if values:
+        p10, p50, p90 = percentiles(values, 10, 50, 90)
         lines.append(f"stats:    mean {sum(values) / len(values):.1f} %, "
-                     f"p10 {_percentile(values, 10):.0f} %, p50 {_percentile(values, 50):.0f} %, "
-                     f"p90 {_percentile(values, 90):.0f} %, max {values[-1]:.0f} %")
+                     f"p10 {p10:.0f} %, p50 {p50:.0f} %, p90 {p90:.0f} %, max {values[-1]:.0f} %")
     line, step = timeline(result.points, result.duration, spec.warmup)
     if line:
         marker = ", | = end of warm-up" if "|" in line else ""

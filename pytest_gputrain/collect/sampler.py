@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from pytest_gputrain.collect import nvml
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.percentiles import percentiles
 
 #: The numeric metrics of a ``DeviceSample`` that ``summary()`` describes.
 METRICS: tuple[str, ...] = (
@@ -51,32 +52,14 @@ class MetricSummary:
     max: float
 
 
-def percentile(ordered: list[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) of sorted values, interpolated linearly (numpy's default)."""
-    if not ordered:
-        raise ValueError("percentile of no values")
-    if len(ordered) == 1:
-        return ordered[0]
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def summarise(values: Iterable[float]) -> MetricSummary | None:
     """mean / min / p10 / p50 / p90 / max of the values; None when there are none."""
     ordered = sorted(values)
     if not ordered:
         return None
-    return MetricSummary(
-        count=len(ordered),
-        mean=sum(ordered) / len(ordered),
-        min=ordered[0],
-        p10=percentile(ordered, 10),
-        p50=percentile(ordered, 50),
-        p90=percentile(ordered, 90),
-        max=ordered[-1],
-    )
+    p10, p50, p90 = percentiles(ordered, 10, 50, 90)
+    return MetricSummary(count=len(ordered), mean=sum(ordered) / len(ordered), min=ordered[0],
+                         p10=p10, p50=p50, p90=p90, max=ordered[-1])
 
 
 class NvmlSampler:

@@ -18,6 +18,7 @@ synchronisation point for the last rank to arrive.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,13 +27,8 @@ WARMUP_STEPS = 1
 
 
 def median(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    if len(ordered) % 2:
-        return float(ordered[middle])
-    return (ordered[middle - 1] + ordered[middle]) / 2
+    """The median, or None for no values (a rank that recorded no step)."""
+    return float(statistics.median(values)) if values else None
 
 
 def _arrivals(probe: Mapping[str, Any]) -> dict[int, float]:

@@ -9,6 +9,7 @@ predicted batch then verifies it.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,12 +27,9 @@ def fit_line(points: Sequence[tuple[int, int]]) -> LinearFit:
     """Least-squares line through (batch size, peak bytes)."""
     if len({b for b, _ in points}) < 2:
         raise ValueError("need peaks at two or more different batch sizes")
-    n = len(points)
-    mean_b = sum(b for b, _ in points) / n
-    mean_p = sum(p for _, p in points) / n
-    spread = sum((b - mean_b) ** 2 for b, _ in points)
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / spread
-    return LinearFit(intercept=mean_p - slope * mean_b, per_sample=slope)
+    batches, peaks = zip(*points, strict=True)
+    slope, intercept = statistics.linear_regression(batches, peaks)
+    return LinearFit(intercept=intercept, per_sample=slope)
 
 
 def predict_largest(fit: LinearFit, budget: int, safety: float = 0.01) -> int | None:

@@ -426,12 +426,7 @@ def _growth(facts: MemoryFacts, allocated: list[int], stride: int, warmup: int,
 
 def _slope(points: list[int]) -> float:
     """Least-squares slope per reading of evenly spaced readings 0, 1, 2, ..."""
-    n = len(points)
-    mean_x = (n - 1) / 2
-    mean_y = statistics.fmean(points)
-    sxx = sum((i - mean_x) ** 2 for i in range(n))
-    sxy = sum((i - mean_x) * (y - mean_y) for i, y in enumerate(points))
-    return sxy / sxx
+    return statistics.linear_regression(range(len(points)), points).slope
 
 
 def _batch_model(facts: MemoryFacts, batch: int | None, demand: int | None) -> None:

@@ -22,7 +22,8 @@ Each session is summarised by one number (its fastest clean round, or their medi
 - ``throttled_rounds``: which rounds ran while the GPU slowed itself down (NVML clock event
   reasons, or an SM clock far below the session's median); those rounds are left out.
 
-Medians, means and normal quantiles come from the standard library's ``statistics``. Student's t
+Medians, means and normal quantiles come from the standard library's ``statistics`` (quartiles
+through ``pytest_gputrain.percentiles``). Student's t
 is not there: its tail is computed from the regularized incomplete beta function (a continued
 fraction), checked against ``scipy.stats.t`` in the tests.
 """
@@ -34,6 +35,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from pytest_gputrain.percentiles import percentiles
 
 # NVML clock event reasons that mean "the GPU slowed itself down": HwSlowdown 0x8,
 # SwThermalSlowdown 0x20, HwThermalSlowdown 0x40, HwPowerBrakeSlowdown 0x80. SwPowerCap (0x4) is
@@ -60,14 +63,9 @@ def median(values: Sequence[float]) -> float:
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     """First quartile, median and third quartile, interpolated linearly (numpy's and R's
-    default, "type 7": ``statistics.quantiles(method="inclusive")``)."""
-    if not values:
-        raise ValueError("quartiles of an empty sample")
-    if len(values) == 1:
-        only = float(values[0])
-        return only, only, only
-    low, middle, high = statistics.quantiles(values, n=4, method="inclusive")
-    return float(low), float(middle), float(high)
+    default, "type 7")."""
+    low, middle, high = percentiles(values, 25, 50, 75)
+    return low, middle, high
 
 
 def mean(values: Sequence[float]) -> float:
