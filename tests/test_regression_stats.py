@@ -190,6 +190,20 @@ def test_stray_session_is_the_one_far_from_the_others() -> None:
     assert stray_session(PACED + [HOST_PACED] * 3, threshold=0.025) is None  # 11: not tested
 
 
+@pytest.mark.parametrize("size", sorted(stats.DIXON_Q95))
+def test_dixon_q_table_rejects_five_percent_of_normal_samples(size: int) -> None:
+    # Sessions whose logs are normal with no stray among them: at 95 % the test must reject the
+    # most extreme one in 5 % of samples. 20,000 samples put the rate within 0.6 points (four
+    # standard errors) of the truth, which tells this table from the 90 % (10 %) and 99 %
+    # (1 %) ones, and from one row shifted to its neighbour's value. Threshold 0: Q alone decides.
+    rng = random.Random(size)
+    samples = 20_000
+    rejected = sum(
+        stray_session([math.exp(rng.gauss(0.0, 1.0)) for _ in range(size)], threshold=0.0)
+        is not None for _ in range(samples))
+    assert rejected / samples == pytest.approx(0.05, abs=0.006)
+
+
 def test_a_stray_session_neither_hides_a_slowdown_nor_makes_one() -> None:
     baseline = [*PACED[:3], HOST_PACED]
     slowed = [value * 1.05 for value in PACED[4:8]]
