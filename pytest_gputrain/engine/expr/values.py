@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Final, TypeGuard
 
+from pytest_gputrain import versions
 from pytest_gputrain.engine.expr.errors import Problem
 from pytest_gputrain.versions import Version as Version  # the rule language's version values
-from pytest_gputrain.versions import read_version
 
 DIGITS: Final = frozenset("0123456789")  # ASCII only: str.isdigit() also takes "²"
 
@@ -112,6 +112,6 @@ def parse_version(value: object) -> Version:
     if isinstance(value, int | float) and not (math.isfinite(value) and value >= 0):
         raise Problem(f"cannot read a version from {describe(value)}")
     try:
-        return read_version(value if isinstance(value, str) else repr(value))
+        return versions.read_version(value if isinstance(value, str) else repr(value))
     except ValueError as exc:
         raise Problem(f"cannot read a version from {describe(value)}: {exc}") from None
