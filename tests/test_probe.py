@@ -152,7 +152,7 @@ def test_probe_is_not_imported_without_the_flag(pytester: pytest.Pytester) -> No
             # The probe's options module is loaded; the probe itself and its facts are not.
             assert "pytest_gputrain.probe.plugin" in sys.modules
             for name in ("pytest_gputrain.probe.run", "pytest_gputrain.probe.torch_hooks",
-                         "pytest_gputrain.probe.failures", "pytest_gputrain.run_facts"):
+                         "pytest_gputrain.probe.failures", "pytest_gputrain.probe.facts"):
                 assert name not in sys.modules, name
         """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

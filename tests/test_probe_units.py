@@ -659,7 +659,7 @@ def test_cpu_parametrized_reads_the_tests_parameters(params: dict[str, Any],
 
 def test_run_facts_are_json_round_trippable() -> None:
     facts = _probe_with_steps([GiB] * 12, batch=8).facts()
-    from pytest_gputrain.run_facts import RunFacts
+    from pytest_gputrain.probe.facts import RunFacts
 
     again = RunFacts.model_validate_json(facts.model_dump_json())
     assert again == facts

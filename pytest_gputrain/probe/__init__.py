@@ -17,6 +17,7 @@ on.
 - ``failures``: classification of GPU exceptions and the allocator state at a failure;
 - ``summary``: the table of probed runs (terminal summary and report section).
 
-The facts themselves (``RunFacts``, ``FailureFacts``) and their rule scopes ``run`` and
-``failure`` are in ``pytest_gputrain/run_facts.py``.
+The facts themselves are beside the probe that measures them: ``facts`` (``RunFacts``, and the
+registration of the rule scopes ``run`` and ``failure``) and ``failure_facts``
+(``FailureFacts``).
 """

@@ -48,6 +48,7 @@ from pytest_gputrain.probe.cuda_readings import (
     read_backend_flags,
 )
 from pytest_gputrain.probe.cupti import NO_TEARDOWN, ask_for_teardown
+from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.layer_scan import scan_layers
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, first_tensor, processes_per_host
 from pytest_gputrain.probe.profiler_window import ProfilerWindow
@@ -64,7 +65,6 @@ from pytest_gputrain.probe.run_record import (
     WatchMode,
 )
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling, is_tracing
-from pytest_gputrain.run_facts import ForwardRecord, RunFacts
 
 _perf = time.perf_counter
 MAX_MODULES = 32  # top-level modules given their own hooks per test

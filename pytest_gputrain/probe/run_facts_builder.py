@@ -17,16 +17,7 @@ from typing import Any
 
 from pytest_gputrain.probe import compile_readings
 from pytest_gputrain.probe import settings as settings_reads
-from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
-from pytest_gputrain.probe.memory_peaks import own_peaks
-from pytest_gputrain.probe.run_record import (
-    Forwards,
-    ModuleState,
-    NvmlTimeline,
-    RunRecord,
-    StepFlag,
-)
-from pytest_gputrain.run_facts import (
+from pytest_gputrain.probe.facts import (
     CompileFacts,
     DdpFacts,
     ForwardRecord,
@@ -41,6 +32,15 @@ from pytest_gputrain.run_facts import (
     RunFacts,
     StallFacts,
     SyncFacts,
+)
+from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
+from pytest_gputrain.probe.memory_peaks import own_peaks
+from pytest_gputrain.probe.run_record import (
+    Forwards,
+    ModuleState,
+    NvmlTimeline,
+    RunRecord,
+    StepFlag,
 )
 
 MAX_SERIES = 4096  # per-step series are thinned beyond this
