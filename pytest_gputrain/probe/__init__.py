@@ -12,7 +12,10 @@ on.
 - ``profiler_window``: a short torch.profiler window and the analysis of its events;
 - ``run``: ``RunProbe``, the hook callbacks that fill one test's record, and its lifecycle;
 - ``run_record``: what the probe records, in small dataclasses by concern; ``StepFlag``;
-- ``run_facts_builder``: the record turned into ``RunFacts`` (pure functions);
+- ``run_facts_builder``: the record turned into ``RunFacts`` (pure functions), with
+  ``memory_facts_builder`` (the allocator), ``window_facts_builder`` (the profiler window, and
+  the syncs and stalls judged against it) and ``habit_facts_builder`` (train/eval mode,
+  empty_cache, optimizer, compile, DDP);
 - ``cuda_readings``: allocator counters, the device's memory budget, backend flags;
 - ``failures``: classification of GPU exceptions and the allocator state at a failure;
 - ``summary``: the table of probed runs (terminal summary and report section).
