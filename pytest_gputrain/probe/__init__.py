@@ -9,7 +9,7 @@ on.
   forwards, backward, syncing tensor methods); every hook is tolerant and never raises into
   user code;
 - ``loader``: the DataLoader iterator wrapper (time blocked per batch, loader settings);
-- ``profiler_window``: a short torch.profiler window and the analysis of its events;
+- ``profiler_window``: a short torch.profiler window; ``window_analysis``: what its events say;
 - ``run``: ``RunProbe``, the hook callbacks that fill one test's record, and its lifecycle;
 - ``run_record``: what the probe records, in small dataclasses by concern; ``StepFlag``;
 - ``run_facts_builder``: the record turned into ``RunFacts`` (pure functions), with
