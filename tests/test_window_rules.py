@@ -327,7 +327,7 @@ def _layer_record(*modules: nn.Module) -> RunRecord:
     record = RunRecord(nodeid="t::x", warmup=2, profile_steps=None,
                        steps=StepSeries(last_t=0.0), loader=LoaderWaits(loader.LoaderTracker()))
     for module in modules:
-        state = run.ModuleState(module)
+        state = ModuleState(module)
         state.layers = scan_layers(torch, module, ())
         record.forwards.modules[id(module)] = state
     return record

@@ -1,8 +1,9 @@
 """A short torch.profiler window (CUDA activity only) over a few steps of each diagnosed test.
 
-``ProfilerWindow`` starts torch.profiler at one step boundary and stops it at a later one, then
-hands the events to ``window_analysis.analyse`` (what only a profiler sees: kernel busy time,
-pageable copies, tensor-core kernels, syncs, ...).
+``WindowSteering`` opens the window at the boundary of its first step (``gpu_profile_steps``,
+default 3-6) and closes it after its last, on the device the test trains on. ``ProfilerWindow``
+starts and stops torch.profiler and hands the events to ``window_analysis.analyse`` (what only a
+profiler sees: kernel busy time, pageable copies, tensor-core kernels, syncs, ...).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import time
 import warnings
 from typing import Any
 
+from pytest_gputrain.probe.cuda_readings import memory_stats
+from pytest_gputrain.probe.cupti import NO_TEARDOWN, ask_for_teardown
+from pytest_gputrain.probe.run_record import RunRecord
 from pytest_gputrain.probe.window_analysis import GpuEvent, analyse, convert
 
 
@@ -112,3 +116,71 @@ def _with_trace_bytes(profiler: Any, gpu: list[GpuEvent]) -> list[GpuEvent]:
     return [GpuEvent(e.name, e.start_ns, e.end_ns, e.correlation,
                      sizes.get((e.name, e.correlation), e.nbytes)) if e.kind == "memcpy" else e
             for e in gpu]
+
+
+class WindowSteering:
+    """The window of one test: opened at a step boundary, closed at a later one; what it saw
+    goes into ``record.window_facts`` (and the allocator's counters at its end into
+    ``record.allocator.window``)."""
+
+    def __init__(self, torch: Any, record: RunRecord,
+                 profile_steps: tuple[int, int] | None) -> None:
+        self.torch = torch
+        self.record = record
+        self.open: ProfilerWindow | None = None  # between two step boundaries
+        # The window opens at the boundary that ends step first_step - 1 and closes at the one
+        # that ends its last step.
+        self.opens_at = profile_steps[0] - 1 if profile_steps is not None else -1
+        self.last_step = profile_steps[1] if profile_steps is not None else 0
+        self._teardown = NO_TEARDOWN  # what the open window leaves of CUPTI when it closes
+
+    def at_step(self, count: int) -> None:
+        """Open the profiler window at its first step's boundary, close it after its last
+        (``count`` steps so far)."""
+        record = self.record
+        steps = record.steps
+        window = self.open
+        if window is not None:
+            if count >= self.last_step:
+                self.stop(count - window.first_step + 1)
+                steps.after_window = True
+                steps.last_t = time.perf_counter()
+        elif count == self.opens_at and record.devices.cuda_index is not None \
+                and not record.window_facts:
+            self.start(count + 1)
+            steps.last_t = time.perf_counter()
+
+    def start(self, first_step: int) -> None:
+        busy = ProfilerWindow.busy_reason(self.torch)
+        if busy is not None:
+            self.record.window_facts = {"captured": False, "reason": busy}
+            return
+        teardown = ask_for_teardown(self.torch)
+        window = ProfilerWindow(self.torch, self.record.devices.cuda_index or 0)
+        try:
+            window.start(first_step)
+        except Exception as exc:
+            self.record.window_facts = {"captured": False,
+                                        "reason": f"torch.profiler did not start: {exc}"}
+            return
+        self.open = window
+        self.record.steps.in_window = True
+        self._teardown = teardown
+
+    def stop(self, steps: int, cuda_ok: bool = True) -> None:
+        """Close the window after ``steps`` steps; with ``cuda_ok`` False (a sticky CUDA error)
+        make no CUDA call."""
+        window, self.open = self.open, None
+        if window is None:
+            return
+        record = self.record
+        record.steps.in_window = False
+        try:
+            record.window_facts = window.stop(max(1, steps), cuda_ok=cuda_ok)
+            record.window_facts["cupti_teardown"] = self._teardown.on
+            record.window_facts["cupti_teardown_reason"] = self._teardown.reason
+            if cuda_ok and record.devices.cuda_index is not None:
+                record.allocator.window = memory_stats(self.torch, record.devices.cuda_index)
+        except Exception as exc:
+            record.window_facts = {"captured": False,
+                                   "reason": f"profiler window failed: {type(exc).__name__}: {exc}"}
