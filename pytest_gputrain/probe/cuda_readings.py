@@ -98,6 +98,7 @@ def read_backend_flags(torch: Any) -> dict[str, Any]:
     flags: dict[str, Any] = {}
     try:
         backends = torch.backends
+        flags["cudnn_enabled"] = bool(backends.cudnn.enabled)
         flags["cudnn_benchmark"] = bool(backends.cudnn.benchmark)
         flags["cudnn_deterministic"] = bool(backends.cudnn.deterministic)
         flags["deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())

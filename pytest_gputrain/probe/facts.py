@@ -464,6 +464,8 @@ class RunFacts(FactGroup):
         "s", "median wall time of the other steady steps (inputs of a shape seen before)")
     new_shape_time_percent: float | None = fact(
         "%", "share of the steady training time spent in those steps")
+    cudnn_enabled: bool | None = fact(
+        doc="torch.backends.cudnn.enabled in force while training (read at steps)")
     cudnn_benchmark: bool | None = fact(
         doc="torch.backends.cudnn.benchmark in force while training (read at steps)")
     cudnn_deterministic: bool | None = fact(
