@@ -319,7 +319,8 @@ class ModuleWatch:
         self.probe = probe
         self.record = probe.record
         self.install = install
-        # Set with the probe's own by its fail(): read at every forward, one attribute away.
+        # Set together with the probe's by RunProbe.fail(): a flag of its own spares each
+        # forward a read through the probe.
         self.disabled = False
         self._states = probe.record.forwards.modules  # ModuleState by id(module)
         self.active: Any = None  # the top-level module whose forward is running
