@@ -23,11 +23,11 @@ import pytest_gputrain.diagnose
 import pytest_gputrain.distributed.facts
 import pytest_gputrain.distributed.launcher
 import pytest_gputrain.engine.evaluate
+import pytest_gputrain.probe.facts
 import pytest_gputrain.probe.failures
 import pytest_gputrain.probe.run
 import pytest_gputrain.report.markdown
-import pytest_gputrain.report.terminal
-import pytest_gputrain.run_facts  # noqa: F401
+import pytest_gputrain.report.terminal  # noqa: F401
 
 
 def _import_torch_lazy_modules() -> None:

@@ -24,13 +24,12 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
-    ("features", frozenset({"assertions", "probe", "run_facts", "regression", "ladder",
-                            "distributed"})),
+    ("features", frozenset({"assertions", "probe", "regression", "ladder", "distributed"})),
     ("entry", frozenset({"plugin", "cli", "__main__", "project_settings"})),
 )
 # Each feature stands on the core alone: it imports no other feature.
-FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe",
-              "regression": "regression", "ladder": "ladder", "distributed": "distributed"}
+FEATURE_OF = {"assertions": "assertions", "probe": "probe", "regression": "regression",
+              "ladder": "ladder", "distributed": "distributed"}
 # Cycles that exist today and are being removed elsewhere; any other cycle fails.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 # The condition language (engine/expr/), bottom to top: a module imports only those before it.

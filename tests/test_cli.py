@@ -337,9 +337,10 @@ def test_judging_a_recording_is_linear_in_its_records(monkeypatch: pytest.Monkey
     """Each failure finds its run through an index, and the session's names are built once:
     a look-up per failure over every run made 20,000 failures quadratic."""
     from pytest_gputrain import facts as facts_module
-    from pytest_gputrain import run_facts, scopes
+    from pytest_gputrain import scopes
     from pytest_gputrain.cli import load_facts
     from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.probe import facts as probe_facts
 
     data = json.loads((FACTS / "run_failure_h200.json").read_text())
     count = 300
@@ -357,7 +358,7 @@ def test_judging_a_recording_is_linear_in_its_records(monkeypatch: pytest.Monkey
     runs_found: list[str] = []
     real_getitem = scopes.Records.__getitem__
     real_build = facts_module._build_session_namespace
-    real_failure_namespace = run_facts.failure_namespace
+    real_failure_namespace = probe_facts.failure_namespace
 
     def failure_namespace(env: Any, failure: Any, run: Any = None) -> Any:
         assert run is not None and run.nodeid == failure.nodeid
@@ -368,7 +369,7 @@ def test_judging_a_recording_is_linear_in_its_records(monkeypatch: pytest.Monkey
                         lambda self, index: looked_at.append(index) or real_getitem(self, index))
     monkeypatch.setattr(facts_module, "_build_session_namespace",
                         lambda env: built.append(env) or real_build(env))
-    monkeypatch.setattr(run_facts, "failure_namespace", failure_namespace)
+    monkeypatch.setattr(probe_facts, "failure_namespace", failure_namespace)
     engine.evaluate_records(recording)
     assert sorted(runs_found) == sorted(f"t.py::t[{i}]" for i in range(count))
     assert len(looked_at) <= 4 * count  # each record once, and each failure's run once

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_gputrain.probe import module_readings
 from pytest_gputrain.probe import run as run_module
 from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
@@ -152,7 +153,7 @@ def test_probe_is_not_imported_without_the_flag(pytester: pytest.Pytester) -> No
             # The probe's options module is loaded; the probe itself and its facts are not.
             assert "pytest_gputrain.probe.plugin" in sys.modules
             for name in ("pytest_gputrain.probe.run", "pytest_gputrain.probe.torch_hooks",
-                         "pytest_gputrain.probe.failures", "pytest_gputrain.run_facts"):
+                         "pytest_gputrain.probe.failures", "pytest_gputrain.probe.facts"):
                 assert name not in sys.modules, name
         """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -167,7 +168,7 @@ def test_an_error_inside_the_probe_never_fails_the_test(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise ZeroDivisionError("probe bug")
 
-    monkeypatch.setattr(run_module.RunProbe, "_record_call", broken)
+    monkeypatch.setattr(module_readings.ModuleWatch, "_record_call", broken)
     monkeypatch.setattr(run_module.LoaderTracker, "on_batch", broken)
     pytester.makepyfile(helpers=TRAIN_LOOP)
     pytester.makepyfile(test_train="""

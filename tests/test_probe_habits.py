@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from pytest_gputrain.probe import compile_readings, module_readings, run, torch_hooks
-from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse, small_copies
+from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.run_record import OptimizerReadings, StepFlag
-from pytest_gputrain.run_facts import RunFacts
+from pytest_gputrain.probe.window_analysis import GpuEvent, RuntimeEvent, analyse, small_copies
 
 
 def _probe_run(train: Callable[[], None], warmup: int = 2) -> RunFacts:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pytest_gputrain.facts import DeviceSample
-from pytest_gputrain.probe import cupti, run
+from pytest_gputrain.probe import cupti, module_readings, nvml_timeline, run
 from pytest_gputrain.probe.loader import LoaderTracker
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
@@ -123,13 +123,13 @@ def test_the_growth_fit_is_per_step_whatever_the_stride() -> None:
 
 def _count_watches(probe: run.RunProbe) -> list[int]:
     watched: list[int] = []
-    original = probe._watch
+    original = probe.modules._watch
 
     def counting(nodes: list[Any]) -> list[bool] | None:
         watched.append(len(nodes))
         return original(nodes)
 
-    probe._watch = counting  # type: ignore[method-assign]
+    probe.modules._watch = counting  # type: ignore[method-assign]
     return watched
 
 
@@ -143,7 +143,7 @@ def test_plain_training_is_watched_only_for_the_first_forwards() -> None:
         _train(model, optimizer, 50)
     finally:
         probe.stop()
-    assert len(watched) == run.WATCH_FIRST
+    assert len(watched) == module_readings.WATCH_FIRST
     state = next(iter(probe.record.forwards.modules.values()))
     assert state.watch_mode is WatchMode.STREAKS and state.held is None
     facts = probe.facts()
@@ -214,7 +214,7 @@ def test_a_last_forward_with_no_backward_before_the_end_counts() -> None:
         probe.stop()
     assert probe.facts().forwards_without_backward == 1
     assert all(state.held is None for state in probe.record.forwards.modules.values())
-    assert not probe._pending
+    assert not probe.modules.pending
     del prediction
 
 
@@ -310,11 +310,11 @@ def test_nvml_is_sampled_on_a_thread_and_the_thread_ends_with_the_test(
     monkeypatch.setattr(nvml, "read_power_limits", lambda index: (unknown, unknown))
     monkeypatch.setattr(nvml, "session_process_ids", session_process_ids)
     monkeypatch.setattr(nvml, "read_sample", read_sample)
-    monkeypatch.setattr(run, "PIDS_REFRESH", 0.0)  # re-read while other processes show up
+    monkeypatch.setattr(nvml_timeline, "PIDS_REFRESH", 0.0)  # re-read while other processes show up
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=True)
-    probe._start_nvml(0)
-    time.sleep(3 * run.NVML_INTERVAL)
-    probe._stop_nvml()
+    probe.nvml.start(0)
+    time.sleep(3 * nvml_timeline.NVML_INTERVAL)
+    probe.nvml.stop()
     timeline = probe.record.nvml
     assert probe.errors == [] and timeline.index == 0
     assert len(timeline.samples) >= 3 and timeline.before_stop == len(timeline.samples) - 1

@@ -18,7 +18,7 @@ import pytest
 
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.facts import FactsFile
-from pytest_gputrain.run_facts import RunFacts
+from pytest_gputrain.probe.facts import RunFacts
 
 BASE = json.loads((Path(__file__).parent / "facts" / "run_healthy_h200.json").read_text())
 GiB = 2**30

@@ -194,6 +194,19 @@ def test_settings_changed_and_restored_inside_the_test_are_reported_as_trained()
     assert facts.settings_changes == []
 
 
+def test_cudnn_turned_off_while_training_is_recorded() -> None:
+    before = torch.backends.cudnn.enabled
+    try:
+        torch.backends.cudnn.enabled = False
+        probe = _train(40)
+    finally:
+        torch.backends.cudnn.enabled = before
+    facts = probe.facts()  # built after the restore, as the plugin builds them
+    assert facts.cudnn_enabled is False
+    assert facts.settings_changes == []
+    assert _train(3).facts().cudnn_enabled is True  # torch's default
+
+
 def test_a_setting_changed_during_training_is_dated() -> None:
     old = torch.are_deterministic_algorithms_enabled()
 

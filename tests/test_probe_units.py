@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_gputrain.probe import failures, loader, plugin, profiler_window, run, torch_hooks
-from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse
+from pytest_gputrain.probe import failures, loader, plugin, run, torch_hooks, window_analysis
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
     LoaderWaits,
@@ -20,6 +19,7 @@ from pytest_gputrain.probe.run_record import (
     StepSeries,
     SyncCounts,
 )
+from pytest_gputrain.probe.window_analysis import GpuEvent, RuntimeEvent, analyse
 
 GiB = 2**30
 MiB = 2**20
@@ -267,9 +267,9 @@ def test_pageable_bytes_unknown_when_the_profiler_gives_none() -> None:
      False, False),
 ])
 def test_kernel_name_classes(name: str, gemm: bool, tensor_core: bool) -> None:
-    assert profiler_window.is_gemm(name) is gemm
+    assert window_analysis.is_gemm(name) is gemm
     if gemm:
-        assert profiler_window.is_tensor_core(name) is tensor_core
+        assert window_analysis.is_tensor_core(name) is tensor_core
 
 
 # -- hooks ------------------------------------------------------------------------------------
@@ -659,7 +659,7 @@ def test_cpu_parametrized_reads_the_tests_parameters(params: dict[str, Any],
 
 def test_run_facts_are_json_round_trippable() -> None:
     facts = _probe_with_steps([GiB] * 12, batch=8).facts()
-    from pytest_gputrain.run_facts import RunFacts
+    from pytest_gputrain.probe.facts import RunFacts
 
     again = RunFacts.model_validate_json(facts.model_dump_json())
     assert again == facts

@@ -28,7 +28,7 @@ from pytest_gputrain.facts import (
     group_namespace,
     session_namespace,
 )
-from pytest_gputrain.run_facts import RunFacts
+from pytest_gputrain.probe.facts import RunFacts
 
 FACTS = Path(__file__).parent / "facts"
 

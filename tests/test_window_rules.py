@@ -14,10 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_gputrain.probe import loader, profiler_window, run, torch_hooks
+from pytest_gputrain.probe import loader, run, torch_hooks, window_analysis
 from pytest_gputrain.probe.cuda_readings import pinned_host_stats
 from pytest_gputrain.probe.layer_scan import channels_last, scan_layers
-from pytest_gputrain.probe.profiler_window import GpuEvent, RuntimeEvent, analyse
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
     LoaderWaits,
@@ -26,6 +25,7 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
     StepSeries,
 )
+from pytest_gputrain.probe.window_analysis import GpuEvent, RuntimeEvent, analyse
 
 GiB = 2**30
 STEADY, IN_WINDOW, EPOCH = StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.EPOCH_START
@@ -139,8 +139,8 @@ def test_host_work_is_the_silence_the_loader_does_not_explain() -> None:
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None),
 ])
 def test_kernel_families(name: str, family: str | None) -> None:
-    assert bool(profiler_window.ELEMENTWISE_PATTERN.search(name)) is (family == "elementwise")
-    assert bool(profiler_window.TRITON_PATTERN.search(name)) is (family == "triton")
+    assert bool(window_analysis.ELEMENTWISE_PATTERN.search(name)) is (family == "elementwise")
+    assert bool(window_analysis.TRITON_PATTERN.search(name)) is (family == "triton")
 
 
 def test_elementwise_and_triton_shares_of_kernel_time() -> None:
@@ -241,7 +241,7 @@ def test_convert_keeps_the_runtime_calls_thread() -> None:
             correlation_id=lambda: corr, device_type=lambda: f"DeviceType.{device}",
             start_thread_id=lambda: thread, nbytes=lambda: 0, metadata_json=lambda: "")
 
-    gpu, runtime = profiler_window.convert([event("cudaMemcpyAsync", "CPU", 77, 5),
+    gpu, runtime = window_analysis.convert([event("cudaMemcpyAsync", "CPU", 77, 5),
                                             event(PINNED, "CUDA", 0, 5)])
     assert runtime == [RuntimeEvent("cudaMemcpyAsync", 1000, 1500, 5, 77)]
     assert gpu[0].kind == "memcpy" and gpu[0].correlation == 5
@@ -327,7 +327,7 @@ def _layer_record(*modules: nn.Module) -> RunRecord:
     record = RunRecord(nodeid="t::x", warmup=2, profile_steps=None,
                        steps=StepSeries(last_t=0.0), loader=LoaderWaits(loader.LoaderTracker()))
     for module in modules:
-        state = run.ModuleState(module)
+        state = ModuleState(module)
         state.layers = scan_layers(torch, module, ())
         record.forwards.modules[id(module)] = state
     return record
@@ -615,9 +615,9 @@ def test_cudnn_layout_conversions_are_their_own_family() -> None:
            55, 60),
         _k("void at::native::vectorized_elementwise_kernel<4, BatchNormOp>", 60, 100),
     ]
-    facts = profiler_window.kernel_families(kernels)
+    facts = window_analysis.kernel_families(kernels)
     assert facts["layout_transpose_percent"] == 20.0
-    assert profiler_window.kernel_families([])["layout_transpose_percent"] is None
+    assert window_analysis.kernel_families([])["layout_transpose_percent"] is None
 
 
 def test_long_steps_the_gpus_lag_accounts_for_are_not_stalls() -> None:

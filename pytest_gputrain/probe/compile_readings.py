@@ -9,7 +9,7 @@ dynamo's own test case replaces them (a reading keeps the counter object it read
 reading tells a new object and counts from zero), and ``torch._dynamo.reset()`` empties the
 compile-time metrics and the guard failures (a smaller reading than the earlier one counts from
 zero). Nothing here imports dynamo: a process that never compiled has no counters to read
-(``None``).
+(``None``). ``CompileWatch`` takes the readings of one test and answers dynamo's callbacks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_gputrain.probe.callbacks import ProbeCallbacks
+    from pytest_gputrain.probe.torch_hooks import Installation
 
 # "unimplemented" entries written when a frame hits the recompile limit: torch 2.13 says
 # "Dynamo recompile limit exceeded"; earlier versions "cache_size_limit reached".
@@ -155,3 +159,52 @@ def _compile_time(metrics: dict[str, list[float]]) -> float:
         if key.endswith("compile_inner") or key == "entire_frame_compile":
             return float(sum(values))
     return 0.0
+
+
+class CompileWatch:
+    """torch.compile during one test: dynamo's counters at the start, after the warm-up steps
+    and at the end (``read_*``), and the steps in which a compilation began or dynamo was reset
+    (``on_compile_start`` and ``on_dynamo_reset``, hook callbacks of ``ProbeCallbacks``)."""
+
+    def __init__(self, probe: ProbeCallbacks, install: Installation) -> None:
+        self.probe = probe
+        self.record = probe.record
+        self.install = install
+
+    def read_start(self) -> None:
+        record = self.record
+        try:
+            record.compile.start = read_counters()
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the start: {exc}")
+
+    def read_warm(self) -> None:
+        self.record.compile.warm = read_counters()
+
+    def read_end(self) -> None:
+        record = self.record
+        try:
+            record.compile.end = read_counters()
+            record.compile.new_recompile_reasons = new_guard_failures(
+                None if record.compile.reset_steps else record.compile.start)
+        except Exception as exc:
+            record.errors.append(f"reading dynamo's counters at the end: {exc}")
+
+    def on_dynamo_reset(self) -> None:
+        """``torch._dynamo.reset()`` ran (its wrapper guards this)."""
+        self.record.compile.reset_steps.append(len(self.record.steps.times))
+
+    def on_compile_start(self, *_: Any) -> None:
+        """Dynamo is about to compile a frame (called by dynamo, with the compile's arguments
+        in recent torch and none in some earlier versions; must never raise). The sync
+        wrappers go even when the probe disabled itself: dynamo would trace into them."""
+        try:
+            record = self.record
+            steps = len(record.steps.times)
+            if not self.probe.disabled:
+                record.compile.compile_steps.append(steps)
+            if record.syncs.stopped_at is None:
+                record.syncs.stopped_at = steps
+                record.errors.extend(self.install.drop_sync_wrappers())
+        except Exception:
+            pass

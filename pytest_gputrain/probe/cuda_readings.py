@@ -1,10 +1,18 @@
 """What the run probe reads of torch's CUDA state: allocator counters, the device's memory
-budget and the backend flags. Plain reads with no probe state; callers guard them."""
+budget and the backend flags (plain reads with no probe state; callers guard them); and
+``CallReadings``, what the test's own calls into torch that the probe wraps tell (empty_cache,
+reset_peak_memory_stats, gradcheck, torch.save) with the allocator's out-of-memory moments."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pytest_gputrain.probe.run_record import MAX_OOM_MOMENTS, OomMoment
+
+if TYPE_CHECKING:
+    from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
 MEMORY_STATS_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak",
                      "reserved_bytes.all.current", "reserved_bytes.all.peak",
@@ -90,6 +98,7 @@ def read_backend_flags(torch: Any) -> dict[str, Any]:
     flags: dict[str, Any] = {}
     try:
         backends = torch.backends
+        flags["cudnn_enabled"] = bool(backends.cudnn.enabled)
         flags["cudnn_benchmark"] = bool(backends.cudnn.benchmark)
         flags["cudnn_deterministic"] = bool(backends.cudnn.deterministic)
         flags["deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())
@@ -117,3 +126,109 @@ def device_calls(torch: Any, index: int) -> dict[str, int] | None:
     if not all(key in stats for key in DEVICE_CALL_KEYS):
         return None
     return {key: int(stats[key]) for key in DEVICE_CALL_KEYS}
+
+
+class CallReadings:
+    """What the test's own calls into torch tell, through the wrappers the probe puts on them
+    (hook callbacks of ``ProbeCallbacks``): ``torch.cuda.empty_cache()`` and the cudaFree calls
+    it makes, ``reset_peak_memory_stats`` (the peaks so far are kept first),
+    ``gradcheck`` while training and the step each ``torch.save`` falls in; and the
+    allocator's: its out-of-memory observer (``on_oom``) and its cudaMalloc/cudaFree counters
+    once the steady counting begins (``mark``) and at the end (``read_end``)."""
+
+    def __init__(self, torch: Any, probe: ProbeCallbacks) -> None:
+        self.torch = torch
+        self.probe = probe
+        self.record = probe.record
+
+    def on_empty_cache_start(self) -> dict[str, int] | None:
+        """``torch.cuda.empty_cache()`` is about to free the cache; returns the allocator's call
+        counters when the frees it makes must be told apart from the allocator's own."""
+        if self.probe.disabled:
+            return None
+        try:
+            cache = self.record.cache
+            cache.empty_cache_calls += 1
+            cache.empty_cache_steps.append(len(self.record.steps.times))
+            index = self.record.devices.cuda_index
+            if cache.mark is not None and index is not None:
+                return device_calls(self.torch, index)
+        except Exception as exc:
+            self.probe.fail("empty_cache wrapper", exc)
+        return None
+
+    def on_empty_cache_end(self, before: dict[str, int] | None) -> None:
+        if before is None or self.probe.disabled:
+            return
+        try:
+            index = self.record.devices.cuda_index
+            after = device_calls(self.torch, index) if index is not None else None
+            if after is not None:
+                self.record.cache.frees_by_empty_cache += max(
+                    0, after["num_device_free"] - before["num_device_free"])
+        except Exception as exc:
+            self.probe.fail("empty_cache wrapper", exc)
+
+    def on_reset_peak(self, device: Any) -> None:
+        """Before the test resets the allocator's peak statistics itself: keep the peaks so far
+        (the test's own, since the probe reset them when it started)."""
+        index = self.record.devices.cuda_index
+        torch = self.torch
+        if index is None or not torch.cuda.is_initialized():
+            return
+        wanted = torch.cuda.current_device() if device is None else \
+            torch.cuda._utils._get_device_index(device, optional=True)
+        if int(wanted) != index:
+            return
+        stats = memory_stats(torch, index)
+        kept = self.record.allocator.peaks_before_reset
+        for key in ("allocated_bytes.all.peak", "reserved_bytes.all.peak"):
+            kept[key] = max(kept.get(key, 0), int(stats.get(key, 0)))
+
+    def on_gradcheck(self) -> None:
+        if self.record.steps.times:
+            self.record.settings.gradcheck_calls += 1
+
+    def on_save(self) -> None:
+        """A torch.save call (through ``wrap_before``, which guards it): the step it falls in
+        saved a checkpoint (GT118)."""
+        steps = self.record.steps
+        steps.saves.append(len(steps.times))
+
+    def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
+        """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:
+        on the failing thread, before the test's ``finally:`` blocks run. Reads NVML only."""
+        record = self.record
+        moment = OomMoment(t=time.perf_counter(), step=len(record.steps.times),
+                           device_index=device, requested=requested, limit=limit, free=free)
+        try:
+            from pytest_gputrain.collect import nvml
+            from pytest_gputrain.probe.failures import read_other_processes
+
+            index = record.nvml.index if device == record.devices.cuda_index else None
+            if index is None:
+                index = nvml.index_for_cuda_device(device)
+            pids = record.nvml.session_pids or nvml.session_process_ids()
+            others = read_other_processes(index, pids) if index is not None else None
+            if others is not None:
+                moment.other_processes, moment.other_process_count = others
+        except Exception as exc:
+            record.errors.append(f"NVML at the out-of-memory error: {exc}")
+        del record.oom_moments[:-MAX_OOM_MOMENTS + 1]
+        record.oom_moments.append(moment)
+
+    def mark(self) -> None:
+        """The steady counting of cudaMalloc/cudaFree calls begins (after the warm-up steps and
+        the profiler window)."""
+        record = self.record
+        if record.devices.cuda_index is not None:
+            record.cache.mark = device_calls(self.torch, record.devices.cuda_index)
+
+    def read_end(self, cuda_ok: bool) -> None:
+        record = self.record
+        cache = record.cache
+        if cuda_ok and cache.mark is not None and record.devices.cuda_index is not None:
+            try:
+                cache.end = device_calls(self.torch, record.devices.cuda_index)
+            except Exception as exc:
+                record.errors.append(f"reading the allocator's call counters: {exc}")

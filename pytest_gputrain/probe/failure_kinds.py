@@ -16,7 +16,7 @@ import signal as signal_module
 from types import TracebackType
 from typing import Any, Final
 
-from pytest_gputrain.run_facts import FailureKind
+from pytest_gputrain.probe.failure_facts import FailureKind
 
 Pattern = str | re.Pattern[str]
 

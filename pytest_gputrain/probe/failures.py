@@ -15,6 +15,7 @@ import re
 from types import TracebackType
 from typing import Any
 
+from pytest_gputrain.probe.failure_facts import FailureFacts, FailureKind
 from pytest_gputrain.probe.failure_kinds import (
     MEMORY_KINDS,
     NO_CUDA_CALLS,
@@ -38,7 +39,6 @@ from pytest_gputrain.probe.failure_kinds import (
 )
 from pytest_gputrain.probe.memory_peaks import own_peaks
 from pytest_gputrain.probe.oom_message import parse_oom as parse_oom  # re-exported
-from pytest_gputrain.run_facts import FailureFacts, FailureKind
 
 # The classifier lives in failure_kinds.py; its names stay importable from here.
 __all__ = [

@@ -14,7 +14,10 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
 _perf = time.perf_counter
 INSPECTED_BATCHES = 2
@@ -189,7 +192,7 @@ def small_host_tensors(value: Any, depth: int = 0) -> int:
     return sum(small_host_tensors(item, depth + 1) for item in items[:16])
 
 
-def wrap_next(original: Callable[[Any], Any], probe: Any) -> Callable[[Any], Any]:
+def wrap_next(original: Callable[[Any], Any], probe: ProbeCallbacks) -> Callable[[Any], Any]:
     def __next__(self: Any) -> Any:
         started = _perf()
         batch = original(self)  # StopIteration and loader errors pass through untouched

@@ -1,6 +1,6 @@
 """A test's own memory peaks, from the caching allocator's counters (``memory_stats`` keys).
 
-Pure: shared by the run facts (``run_facts_builder.py``) and the failure facts
+Pure: shared by the run facts (``memory_facts_builder.py``) and the failure facts
 (``failures.py``), which read the same counters at the end of a test or right after its
 failure.
 """

@@ -27,15 +27,16 @@ from pytest_gputrain import options, scopes
 if TYPE_CHECKING:
     from pytest_gputrain.diagnose import Diagnosis
     from pytest_gputrain.findings import Finding
+    from pytest_gputrain.probe.facts import RunFacts
+    from pytest_gputrain.probe.failure_facts import FailureFacts
     from pytest_gputrain.probe.run import RunProbe
-    from pytest_gputrain.run_facts import FailureFacts, RunFacts
 
 SECTION = "gputrain diagnosis"
 PLUGIN_NAME = "gputrain-probe"
 DEFAULT_PROFILE_STEPS = "3-6"
 
-# The probe's rule scopes, run and failure, registered by run_facts.py when rules load.
-scopes.declare("pytest_gputrain.run_facts")
+# The probe's rule scopes, run and failure, registered by probe/facts.py when rules load.
+scopes.declare("pytest_gputrain.probe.facts")
 
 OPTIONS: tuple[options.Option, ...] = (
     options.Option(

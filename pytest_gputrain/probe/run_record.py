@@ -1,9 +1,11 @@
 """What the run probe records while one test trains: small state groups, one per concern.
 
-``run.py``'s hook callbacks fill a ``RunRecord``; ``run_facts_builder.py`` turns it into
-``RunFacts``. The groups hold recorded values only; what steers the hooks (armed, the module in
-its forward, inside a backward, the open profiler window) stays on the probe. Every group is a
-slotted dataclass, so the hot path reads and writes slots.
+The probe's hook callbacks (``run.py`` and its readers) fill a ``RunRecord``;
+``run_facts_builder.py`` turns it into ``RunFacts``. The groups hold recorded values, and the
+flags that say what the next step is (inside the profiler window, the first after it, the first
+of a later epoch); what steers the hooks (armed, the module in its forward, inside a backward,
+the open profiler window) stays on the probe and its readers. Every group is a slotted
+dataclass, so the hot path reads and writes slots.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class StepSeries:
     # ran validation (GT118 does not call such a long step a stall).
     forwards: list[int] = field(default_factory=list)
     saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
+    in_window: bool = False  # the profiler window is open: the next step ends inside it
     after_window: bool = False  # the next step is the first after the profiler window
     # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
     # allocated_stride: read at every step until ALLOCATED_CAPACITY readings, then every
@@ -98,7 +101,7 @@ class SyncCounts:
 
 
 class WatchMode(enum.Enum):
-    """Which grad-mode forwards of a model get their graph watched (``run.py``'s docstring)."""
+    """Which grad-mode forwards of a model get their graph watched (``module_readings.py``)."""
 
     PROBATION = "its first forwards, every one"
     STREAKS = "those after another forward with no backward in between"

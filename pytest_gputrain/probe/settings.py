@@ -1,11 +1,12 @@
 """Settings a test may change inside itself, read while it trains.
 
-A test can turn on cuDNN benchmark mode, TF32, deterministic algorithms or anomaly detection,
-or cap its memory with ``set_per_process_memory_fraction``, and put everything back in a
-``finally:`` block. Read at teardown, such a test looks like it trained with the defaults. So
-the probe reads these settings at step boundaries: the first two optimizer steps, the steps of
-the profiler window and every ``EVERY``-th step after (a few microseconds per read, so well
-under one microsecond per step on average), and keeps a snapshot only when something changed.
+A test can turn cuDNN off, or its benchmark mode, TF32, deterministic algorithms or anomaly
+detection on, or cap its memory with ``set_per_process_memory_fraction``, and put everything
+back in a ``finally:`` block. Read at teardown, such a test looks like it trained with the
+defaults. So the probe reads these settings at step boundaries: the first two optimizer steps,
+the steps of the profiler window and every ``EVERY``-th step after (a few microseconds per
+read, so well under one microsecond per step on average), and keeps a snapshot only when
+something changed.
 Grad mode and autocast are thread-local and scoped to the forward pass; the probe reads them at
 each top-level forward instead (``run.grad_forwards``, ``run.autocast_forwards``).
 

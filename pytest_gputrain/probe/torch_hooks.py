@@ -40,7 +40,8 @@ The wrappers see only syncs asked for from Python (the usual culprits: ``loss.it
 ``cuda*Synchronize`` the runtime saw, C++ ones (``nonzero``, boolean masks) included.
 
 Every hook body is guarded: an exception in the probe disables it for the rest of the test and
-is recorded in ``run.probe_errors``; it never reaches user code.
+is recorded in ``run.probe_errors``; it never reaches user code. The hooks call the probe through
+``callbacks.ProbeCallbacks`` only.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
 SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
@@ -178,7 +182,7 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
     return wrapper
 
 
-def wrap_backward(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
     def backward(*args: Any, **kwargs: Any) -> Any:
         probe.on_backward_start()
         try:
@@ -195,7 +199,7 @@ def wrap_backward(original: Callable[..., Any], probe: Any) -> Callable[..., Any
 
 
 def wrap_before(original: Callable[..., Any], before: Callable[..., None],
-                probe: Any) -> Callable[..., Any]:
+                probe: ProbeCallbacks) -> Callable[..., Any]:
     """Call ``before(*args, **kwargs)`` (guarded: a probe error disables the probe), then the
     original."""
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -203,7 +207,7 @@ def wrap_before(original: Callable[..., Any], before: Callable[..., None],
             try:
                 before(*args, **kwargs)
             except Exception as exc:
-                probe._fail(f"{getattr(original, '__name__', 'wrapper')} wrapper", exc)
+                probe.fail(f"{getattr(original, '__name__', 'wrapper')} wrapper", exc)
         return original(*args, **kwargs)
 
     wrapper.__name__ = getattr(original, "__name__", "wrapper")
@@ -236,7 +240,7 @@ def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[...,
     return zero_grad
 
 
-def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+def wrap_empty_cache(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
     def _cuda_emptyCache(*args: Any, **kwargs: Any) -> Any:
         before = probe.on_empty_cache_start()
         try:
@@ -251,9 +255,12 @@ def wrap_empty_cache(original: Callable[..., Any], probe: Any) -> Callable[..., 
     return _cuda_emptyCache
 
 
-def wrap_optimized_call(original: Callable[..., Any], probe: Any) -> Callable[..., Any]:
+def wrap_optimized_call(original: Callable[..., Any],
+                        installation: Installation) -> Callable[..., Any]:
+    probe = installation.probe
+
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if probe.install.armed and not probe.disabled:
+        if installation.armed and not probe.disabled:
             probe.on_global_forward(self, args)  # records the call and disarms the global hook
         return original(self, *args, **kwargs)
 
@@ -305,7 +312,7 @@ def wrap_compile(original: Callable[..., Any], installation: Installation) -> Ca
 class Installation:
     """The global hooks of one probe; ``remove()`` undoes all of them (idempotent)."""
 
-    def __init__(self, torch: Any, probe: Any) -> None:
+    def __init__(self, torch: Any, probe: ProbeCallbacks) -> None:
         self.torch = torch
         self.probe = probe
         self.patches = Patches()
@@ -316,7 +323,7 @@ class Installation:
         # (what register_module_forward_pre_hook does, without a new handle object each time).
         self._hooks: Any = None
         self._key: Any = None
-        self._hook = probe.on_global_forward
+        self._hook: Any = None  # the probe's on_global_forward, once installed
         self._compile_handler: Any = None  # dynamo's callback handler, once registered
 
     # -- the armed/disarmed global forward pre hook ---------------------------------------------
@@ -340,6 +347,7 @@ class Installation:
         from pytest_gputrain.probe.loader import wrap_next
 
         self.installed = True
+        self._hook = self.probe.on_global_forward
         self.handles.append(register_optimizer_step_post_hook(self.probe.on_optimizer_step))
         from torch.nn.modules import module as module_module
 
@@ -427,8 +435,7 @@ class Installation:
             return
         if getattr(vars(optimized).get("__call__"), "_gputrain_probe", False):
             return
-        self.patches.set(optimized, "__call__",
-                         wrap_optimized_call(optimized.__call__, self.probe))
+        self.patches.set(optimized, "__call__", wrap_optimized_call(optimized.__call__, self))
 
     def drop_sync_wrappers(self) -> list[str]:
         """Put torch's own syncing tensor methods back for the rest of the test.
@@ -495,5 +502,5 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     handler = getattr(callback, "callback_handler", None)
     counts["dynamo_compile_callbacks"] = sum(
         1 for function in getattr(handler, "start_callbacks", ())
-        if getattr(function, "__qualname__", "") == "RunProbe.on_compile_start")
+        if getattr(function, "__qualname__", "") == "CompileWatch.on_compile_start")
     return counts
