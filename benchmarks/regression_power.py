@@ -80,8 +80,8 @@ from cpu_pinning import describe as describe_cpus
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.output import format_seconds
 from pytest_gputrain.regression.stats import pooled_spread
-from pytest_gputrain.regression.store import describe
 from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_location import describe
 
 STEPS = ("launch", "gpu")
 DESCRIPTIONS = {

@@ -19,13 +19,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 # under pytest_gputrain ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
-                              "severity", "options", "xdist", "hookspecs"})),
+                              "severity", "options", "xdist", "hookspecs",
+                              "project_settings"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
     ("features", frozenset({"assertions", "probe", "run_facts", "regression", "ladder",
                             "distributed"})),
-    ("entry", frozenset({"plugin", "cli", "__main__", "project_settings"})),
+    ("entry", frozenset({"plugin", "cli", "__main__"})),
 )
 # Each feature stands on the core alone: it imports no other feature.
 FEATURE_OF = {"assertions": "assertions", "probe": "probe", "run_facts": "probe",
