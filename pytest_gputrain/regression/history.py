@@ -154,15 +154,14 @@ def _peak(result: ResultRecord) -> float | None:
 
 
 def _test_rows(entries: list[tuple[RunInfo, ResultRecord]]) -> list[tuple[str, ...]]:
-    from pytest_gputrain.regression.output import format_seconds
-    from pytest_gputrain.units import format_bytes
+    from pytest_gputrain.units import format_bytes, format_duration
 
     rows: list[tuple[str, ...]] = []
     for run, result in entries:
         peak = _peak(result)
         rows.append((str(run.id), run.name, run.created_at, (run.commit or "–")[:10],
-                     str(result.rounds), format_seconds(_step(result, "median")),
-                     format_seconds(_step(result, "iqr")),
+                     str(result.rounds), format_duration(_step(result, "median"), precise=True),
+                     format_duration(_step(result, "iqr"), precise=True),
                      format_bytes(peak) if peak is not None else "–",
                      str(result.summary.get("throttled", 0))))
     return rows
