@@ -14,7 +14,12 @@ import pytest
 from pytest_gputrain.regression import fingerprint as fp
 from pytest_gputrain.regression.store import ResultRecord, StoreError
 from pytest_gputrain.regression.store_backends import inspect, open_store
-from pytest_gputrain.regression.store_location import Location, describe, parse_location
+from pytest_gputrain.regression.store_location import (
+    Location,
+    describe,
+    parse_location,
+    resolve_store,
+)
 from pytest_gputrain.regression.store_schema import SCHEMA_VERSION
 from pytest_gputrain.regression.store_sqlite import APPLICATION_ID
 
@@ -450,6 +455,10 @@ def test_store_locations(tmp_path: Path) -> None:
     assert parse_location("perf/", tmp_path) == tmp_path / "perf" / "benchmarks.sqlite"
     assert parse_location(".", tmp_path) == tmp_path / "." / "benchmarks.sqlite"  # a folder
     assert parse_location(str(tmp_path / "a.db"), Path("/elsewhere")) == tmp_path / "a.db"
+    root = tmp_path / "root"
+    assert resolve_store(None, tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
+    assert resolve_store("  ", tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
+    assert resolve_store("b.sqlite", tmp_path, root) == tmp_path / "b.sqlite"
     with pytest.raises(ValueError, match=r"^'postgresql://u:\*\*\*@\[::1' is not a valid "
                                          r"PostgreSQL URL \(Invalid IPv6 URL\); e\.g\. "):
         parse_location("postgresql://u:pw@[::1", tmp_path)

@@ -25,8 +25,8 @@ from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import (
     DEFAULT_STORE,
     Location,
-    default_store,
     parse_location,
+    resolve_store,
 )
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
@@ -72,17 +72,15 @@ def locate(store: str | None) -> Location:
         project = read_project_settings(names=("gpu_store",))
     except ProjectSettingsError as exc:
         raise HistoryError(str(exc)) from None
-    configured = str(project.values["gpu_store"] or "").strip()
-    if configured:
-        try:
-            return parse_location(configured, project.ini_folder)
-        except ValueError as exc:
-            raise HistoryError(f"gpu_store: {exc}") from None
-    found = default_store(project.rootpath)
-    if not found.is_file():
-        raise HistoryError(f"no benchmark store found: no gpu_store in the project's ini file, "
-                           f"and no {DEFAULT_STORE} in its rootdir {project.rootpath}; save a "
-                           "run with `pytest --gpu-save=NAME` or pass --store PATH")
+    try:
+        found = resolve_store(project.values["gpu_store"], project.ini_folder, project.rootpath)
+    except ValueError as exc:
+        raise HistoryError(f"gpu_store: {exc}") from None
+    if isinstance(found, Path) and not found.is_file():
+        raise HistoryError(f"no benchmark store found at {found} (where pytest run here saves: "
+                           f"the ini file's gpu_store, else {DEFAULT_STORE} in the rootdir "
+                           f"{project.rootpath}); save a run with `pytest --gpu-save=NAME` or "
+                           "pass --store PATH")
     return found
 
 

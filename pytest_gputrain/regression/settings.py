@@ -19,8 +19,7 @@ from pytest_gputrain.options import add_options as register
 from pytest_gputrain.regression.store_location import (
     DEFAULT_STORE,
     Location,
-    default_store,
-    parse_location,
+    resolve_store,
 )
 from pytest_gputrain.units import parse_percent
 
@@ -261,11 +260,9 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
 def _store(config: pytest.Config) -> Location:
     """The store, by ``store_location``'s rules (the commands ``history`` and ``compare`` use
     them too)."""
-    raw, base = read_with_base(config, "gpu_store")
-    if not str(raw or "").strip():
-        return default_store(Path(config.rootpath))
+    value, base = read_with_base(config, "gpu_store")
     try:
-        return parse_location(str(raw), base)
+        return resolve_store(value, base, Path(config.rootpath))
     except ValueError as exc:
         raise _usage("gpu_store", "--gpu-store", str(exc)) from None
 

@@ -37,9 +37,11 @@ def is_url(location: object) -> bool:
     return isinstance(location, str) and location.lower().startswith(URL_SCHEMES)
 
 
-def default_store(rootpath: Path) -> Path:
-    """The store when none is named: ``.gputrain/benchmarks.sqlite`` in the rootdir."""
-    return rootpath / DEFAULT_STORE
+def resolve_store(value: object, base: Path, rootpath: Path) -> Location:
+    """The store ``value`` names, relative to ``base`` (``parse_location``); with no value,
+    ``.gputrain/benchmarks.sqlite`` in the rootdir."""
+    text = str(value or "").strip()
+    return parse_location(text, base) if text else rootpath / DEFAULT_STORE
 
 
 def parse_location(text: str, base: Path) -> Location:
