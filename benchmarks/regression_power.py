@@ -66,6 +66,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,13 @@ from cpu_pinning import cpu_sets as pinned_sets
 from cpu_pinning import describe as describe_cpus
 
 from pytest_gputrain.regression.compare import GateSettings, compare_test
-from pytest_gputrain.regression.output import format_seconds
 from pytest_gputrain.regression.stats import pooled_spread
-from pytest_gputrain.regression.store import describe
 from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_location import describe
+from pytest_gputrain.units import format_duration
 
+# Durations printed as the gate prints them: three decimals, microseconds below a millisecond.
+seconds = partial(format_duration, precise=True)
 STEPS = ("launch", "gpu")
 DESCRIPTIONS = {
     ("launch", "cuda"): "launch-bound: ResNet-18, batch 32, fp32, 224x224, SGD",
@@ -423,23 +426,23 @@ def main(argv: list[str] | None = None) -> int:
         extra = args.slowdown * median
         if host_only:
             pool.host_seconds = pool.calibration["host_amount"]
-            pool.how = (f"host busy-wait of {format_seconds(pool.host_seconds)} before each "
+            pool.how = (f"host busy-wait of {seconds(pool.host_seconds)} before each "
                         f"step, sized to slow the calibration session by "
                         f"{args.slowdown * 100:g} %")
-            print(f"  sized {step}'s host work: {format_seconds(pool.host_seconds)} before "
-                  f"each step took the median from {format_seconds(median)} to "
-                  f"{format_seconds(pool.calibration['host_reached'])} (the target: "
-                  f"{format_seconds(median * (1 + args.slowdown))})", flush=True)
+            print(f"  sized {step}'s host work: {seconds(pool.host_seconds)} before "
+                  f"each step took the median from {seconds(median)} to "
+                  f"{seconds(pool.calibration['host_reached'])} (the target: "
+                  f"{seconds(median * (1 + args.slowdown))})", flush=True)
         else:
             pool.gpu_cycles = extra * pool.calibration["cycles_per_second"]
-            pool.how = (f"GPU spin kernel (torch.cuda._sleep) of {format_seconds(extra)} after "
+            pool.how = (f"GPU spin kernel (torch.cuda._sleep) of {seconds(extra)} after "
                         f"each step, {args.slowdown * 100:g} % of the calibration median")
             if step == "launch":  # the host's work grows as much: the slower side shows it
                 pool.host_seconds = extra
-                pool.how = (f"host busy-wait of {format_seconds(extra)} before each step and "
+                pool.how = (f"host busy-wait of {seconds(extra)} before each step and "
                             f"a GPU spin kernel as long after it (torch.cuda._sleep), each "
                             f"{args.slowdown * 100:g} % of the calibration median")
-        print(f"  calibrated {step}: median {format_seconds(median)}, "
+        print(f"  calibrated {step}: median {seconds(median)}, "
               f"{'cold' if cold else 'forked'} session {pool.calibration['wall']:.1f} s wall",
               flush=True)
 
@@ -542,7 +545,7 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     label = "fastest steps" if args.step_summary == "min" else "medians"
     calibration = pool.calibration
     forked_wall = statistics.median(pool.walls()) if pool.walls() else None
-    print(f"session median {format_seconds(calibration['median'])}; "
+    print(f"session median {seconds(calibration['median'])}; "
           f"{'cold' if cold else 'forked'} calibration session {calibration['wall']:.1f} s "
           f"wall; forked sessions {forked_wall or 0:.1f} s wall (median)")
     figures: dict[str, Any] = {"description": pool.description, "calibration": calibration,
@@ -556,10 +559,10 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     assert spread.sd is not None
     measured = statistics.geometric_mean(slow) / statistics.geometric_mean(unchanged) - 1
     print(f"unchanged pool: {len(unchanged)} sessions, {label} "
-          f"{format_seconds(min(unchanged))} - {format_seconds(max(unchanged))}, spread between "
+          f"{seconds(min(unchanged))} - {seconds(max(unchanged))}, spread between "
           f"sessions {spread.sd * 100:.2f} % ({spread.df} df)")
-    print(f"slowed pool: {len(slow)} sessions, {label} {format_seconds(min(slow))} - "
-          f"{format_seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
+    print(f"slowed pool: {len(slow)} sessions, {label} {seconds(min(slow))} - "
+          f"{seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
           "unchanged pool")
     rows = trials(store_location, pool, n, count, args.seed, gate)
     caught = sum(r["verdict"] == "regression" for r in rows["slowed"])

@@ -58,10 +58,10 @@ def _engine(args: argparse.Namespace) -> RuleEngine:
     ini settings, each overridden by its command-line twin when given."""
     ini = _project(args).values
     try:
-        if args.rules_dir:  # folders given here are relative to here; the ini's to its rootdir
+        if args.rules_dir:  # folders given here are relative to here; the ini's to its folder
             rules_dirs, base = args.rules_dir, None
         else:
-            rules_dirs, base = ini["gpu_rules_dirs"], _project(args).rootpath
+            rules_dirs, base = ini["gpu_rules_dirs"], _project(args).ini_folder
         config = build_config(select=args.select or ini["gpu_select"],
                               ignore=args.ignore or ini["gpu_ignore"],
                               severity=args.severity or ini["gpu_severity"],

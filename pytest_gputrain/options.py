@@ -106,6 +106,25 @@ def read(config: pytest.Config, ini: str) -> Any:
     return config.getini(ini) if value is None else value
 
 
+def ini_folder(config: pytest.Config) -> Path:
+    """Where relative paths in the ini file start: the ini file's folder (the rootdir when
+    there is none), as for pytest's own path-valued ini settings."""
+    return Path(config.inipath).parent if config.inipath else Path(config.rootpath)
+
+
+def read_with_base(config: pytest.Config, ini: str) -> tuple[Any, Path]:
+    """``read`` for a path option: the value, and the folder its relative paths start from.
+
+    The one rule for every path option: a value from the command line is relative to the
+    current directory (where pytest was invoked), a value from the ini file to the ini file's
+    folder, so that a project's settings mean the same wherever pytest is run from.
+    """
+    value = config.getoption(ini, default=None)
+    if value is not None:
+        return value, Path(config.invocation_params.dir)
+    return config.getini(ini), ini_folder(config)
+
+
 @dataclass(frozen=True)
 class ReportTarget:
     """One ``--gpu-report``: where, in which format, and whether to append (the step summary)."""
@@ -181,13 +200,13 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_fail_on / --gpu-fail-on: {exc}") from None
     reports = []
-    base = Path(config.invocation_params.dir)
-    for text in read(config, "gpu_report") or []:
+    targets, base = read_with_base(config, "gpu_report")
+    for text in targets or []:
         try:
             reports.append(parse_report_target(str(text), base, os.environ))
         except ValueError as exc:
             raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
-    facts_out = read(config, "gpu_facts_out")
+    facts_out, base = read_with_base(config, "gpu_facts_out")
     try:
         facts_path = resolve_path(str(facts_out), base) if facts_out else None
     except ValueError as exc:

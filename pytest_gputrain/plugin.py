@@ -7,7 +7,6 @@ modules only when switched on (``--gpu-diagnose``) or used (a marker, a fixture)
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -97,14 +96,15 @@ def read_rule_config(config: pytest.Config) -> RuleConfig | None:
         return None
     from pytest_gputrain.engine.config import SettingError, build_config
 
+    rules_dirs, base = options.read_with_base(config, "gpu_rules_dirs")
     try:
         return build_config(
             select=read(config, "gpu_select"),
             ignore=read(config, "gpu_ignore"),
             severity=read(config, "gpu_severity"),
             params=read(config, "gpu_rule_params"),
-            rules_dirs=read(config, "gpu_rules_dirs"),
-            base_dir=Path(config.rootpath),
+            rules_dirs=rules_dirs,
+            base_dir=base,
         )
     except SettingError as exc:
         raise pytest.UsageError(f"gputrain: {exc}") from None

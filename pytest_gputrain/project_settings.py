@@ -2,11 +2,12 @@
 
 ``python -m pytest_gputrain replay`` must give the findings ``pytest --gpu-diagnose`` gave, so
 it reads the same ``gpu_*`` settings (``gpu_rules_dirs``, ``gpu_select``, ``gpu_ignore``,
-``gpu_severity``, ``gpu_rule_params``, ``gpu_fail_on``) from the same file. Rather than copy
-pytest's rules for finding that file (pytest.ini, pyproject.toml's ``[tool.pytest]`` tables,
-tox.ini, setup.cfg; the rootdir; ``--rootdir`` and ``-c``), this starts pytest itself up to the
-point where its configuration is read, and stops there: no conftest is imported, no test is
-collected, nothing is printed (``pytest_cmdline_main`` answers first).
+``gpu_severity``, ``gpu_rule_params``, ``gpu_fail_on``) from the same file; ``history`` and
+``compare`` find the store ``pytest --gpu-save`` wrote (``gpu_store``) the same way. Rather
+than copy pytest's rules for finding that file (pytest.ini, pyproject.toml's ``[tool.pytest]``
+tables, tox.ini, setup.cfg; the rootdir; ``--rootdir`` and ``-c``), this starts pytest itself
+up to the point where its configuration is read, and stops there: no conftest is imported, no
+test is collected, nothing is printed (``pytest_cmdline_main`` answers first).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import RULE_SETTINGS
+from pytest_gputrain.options import RULE_SETTINGS, ini_folder
 
 # The settings the rule engine and the verdict read.
 SETTINGS = (*RULE_SETTINGS, "gpu_fail_on")
@@ -32,24 +33,26 @@ class ProjectSettingsError(Exception):
 @dataclass(frozen=True)
 class ProjectSettings:
     rootpath: Path
+    ini_folder: Path  # where the ini file's relative paths start (``options.ini_folder``)
     values: dict[str, Any] = field(default_factory=dict)
 
 
 class _ReadAndStop:
-    def __init__(self) -> None:
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
         self.settings: ProjectSettings | None = None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> int:
         self.settings = ProjectSettings(
-            rootpath=Path(config.rootpath),
-            values={name: config.getini(name) for name in SETTINGS})
+            rootpath=Path(config.rootpath), ini_folder=ini_folder(config),
+            values={name: config.getini(name) for name in self.names})
         return 0  # firstresult: pytest runs no session
 
 
-def read_project_settings(rootdir: str | None = None,
-                          inifile: str | None = None) -> ProjectSettings:
-    """The ``gpu_*`` ini settings of the project in the current directory, found as ``pytest``
+def read_project_settings(rootdir: str | None = None, inifile: str | None = None,
+                          names: tuple[str, ...] = SETTINGS) -> ProjectSettings:
+    """The ini settings ``names`` of the project in the current directory, found as ``pytest``
     run there would find them; ``rootdir``/``inifile`` as ``--rootdir``/``-c``."""
     args: list[str] = ["-p", "no:cacheprovider", "--noconftest", "--assert=plain",
                        "--capture=no", "-o", "addopts="]
@@ -57,7 +60,7 @@ def read_project_settings(rootdir: str | None = None,
         args += ["--rootdir", rootdir]
     if inifile is not None:
         args += ["-c", inifile]
-    reader = _ReadAndStop()
+    reader = _ReadAndStop(names)
     captured = io.StringIO()
     with redirect_stdout(captured), redirect_stderr(captured):
         code = pytest.main(args, plugins=[reader])

@@ -1,4 +1,5 @@
-"""Parsing and formatting of sizes and percentages, as users write them in markers and ini files.
+"""Parsing and formatting of sizes and percentages, as users write them in markers and ini files,
+and of durations.
 
 Sizes accept ``"6GiB"``, ``"6 GB"``, ``"512MiB"``, ``6e9`` (bytes) and ints; percentages accept
 ``70``, ``70.5`` and ``"70%"``. Every bad value -- a typo, a boolean, NaN, infinity, a negative
@@ -141,6 +142,23 @@ def format_bytes(value: float | None) -> str:
     return f"{sign}{amount:.1f} TiB"
 
 
+def format_duration(seconds: float | None, *, precise: bool = False) -> str:
+    """A duration for people: ``12.3 ms``, ``1.50 s``; ``–`` when unknown.
+
+    ``precise`` (the regression gate, whose verdicts turn on a few percent): three decimals and
+    microseconds below a millisecond, ``9.986 ms``, ``1.234 s``, ``45.6 µs``.
+    """
+    if seconds is None:
+        return "–"
+    if not precise:
+        return f"{seconds * 1000:.1f} ms" if abs(seconds) < 1 else f"{seconds:.2f} s"
+    if abs(seconds) >= 1:
+        return f"{seconds:.3f} s"
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} µs"
+
+
 def format_value(value: object, unit: str | None) -> str:
     """Format a fact value for people, according to its unit."""
     if value is None:
@@ -153,7 +171,7 @@ def format_value(value: object, unit: str | None) -> str:
         if unit == "%":
             return f"{value:.0f} %" if float(value).is_integer() else f"{value:.1f} %"
         if unit == "s":
-            return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+            return format_duration(value)
         if unit == "ms":
             return f"{value:.2f} ms"
         if isinstance(value, float) and not value.is_integer():

@@ -20,12 +20,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
                               "severity", "options", "xdist", "hookspecs", "versions",
-                              "percentiles"})),
+                              "percentiles", "project_settings"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
     ("features", frozenset({"assertions", "probe", "regression", "ladder", "distributed"})),
-    ("entry", frozenset({"plugin", "cli", "__main__", "project_settings"})),
+    ("entry", frozenset({"plugin", "cli", "__main__"})),
 )
 # Each feature stands on the core alone: it imports no other feature.
 FEATURE_OF = {"assertions": "assertions", "probe": "probe", "regression": "regression",

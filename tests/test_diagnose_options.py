@@ -84,7 +84,7 @@ def test_a_bad_ini_value_is_an_error_without_the_diagnosis(
     (["--gpu-facts-out=~no-such-user-here/f.json"],
      "*gpu_facts_out / --gpu-facts-out: '~no-such-user-here/f.json': cannot expand '~'*"),
     (["--gpu-store=~no-such-user-here/s.db", "--gpu-save=main"],
-     "*gpu_store: '~no-such-user-here/s.db': cannot expand '~'*"),
+     "*gpu_store / --gpu-store: '~no-such-user-here/s.db': cannot expand '~'*"),
 ])
 def test_rule_codes_that_select_nothing_and_bad_values_are_usage_errors(
     pytester: pytest.Pytester, args: list[str], message: str

@@ -1,5 +1,6 @@
-"""collect/nvml.py on a fake NVML: cuda:N to NVML index, who holds memory, and the boundary
-(NVML is named nowhere outside collect/)."""
+"""collect/nvml.py and the modules behind it (nvml_session, nvml_processes, gpu_index) on a fake
+NVML: cuda:N to NVML index, who holds memory, and the boundary (NVML is named nowhere outside
+collect/)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pynvml
 import pytest
 
 from pytest_gputrain.assertions.backend import RealBackend
-from pytest_gputrain.collect import nvml
+from pytest_gputrain.collect import nvml, nvml_session
 from pytest_gputrain.probe import failures
 
 GiB = 1024**3
@@ -25,7 +26,7 @@ UUIDS = ["GPU-aaaa1111-0000-0000-0000-000000000000",
 
 
 class FakeBinding:
-    """The few pynvml functions collect/nvml.py calls, over a list of GPUs."""
+    """The few pynvml functions collect/ calls, over a list of GPUs."""
 
     def __init__(self, uuids: list[str], processes: list[Any] | None = None,
                  fail: dict[str, int] | None = None) -> None:
@@ -298,11 +299,11 @@ def test_a_default_limit_nvml_cannot_tell_is_unknown_with_its_reason() -> None:
 def test_failure_facts_read_nvml_through_collect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb")
     fake = session(processes=[process(os.getpid(), 3 * GiB), process(2**22 + 7, GiB)])
-    monkeypatch.setattr(nvml, "_shared", fake)
+    monkeypatch.setattr(nvml_session, "_shared", fake)
     assert failures.other_process_memory(0) == GiB
     assert failures.nvml_capability(0) == "9.0"
     assert failures.other_process_memory(1) is None  # cuda:1 is hidden
-    monkeypatch.setattr(nvml, "_shared", session(
+    monkeypatch.setattr(nvml_session, "_shared", session(
         fail={"nvmlDeviceGetComputeRunningProcesses_v3": pynvml.NVML_ERROR_NOT_SUPPORTED,
               "nvmlDeviceGetCudaComputeCapability": pynvml.NVML_ERROR_NOT_SUPPORTED}))
     assert failures.other_process_memory(0) is None
@@ -313,7 +314,7 @@ def test_failure_facts_read_nvml_through_collect(monkeypatch: pytest.MonkeyPatch
 def test_real_backend_reads_nvml_through_collect(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     fake = session(processes=[process(os.getpid(), 3 * GiB), process(2**22 + 7, GiB)])
-    monkeypatch.setattr(nvml, "_shared", fake)
+    monkeypatch.setattr(nvml_session, "_shared", fake)
     backend = RealBackend()
     assert backend.nvml_index(0) == 2 and backend.nvml_index(1) is None
     assert backend.nvml_device_count() == (3, None)
@@ -353,7 +354,8 @@ def test_nvml_is_called_only_from_collect() -> None:
 
 
 def test_the_boundary_scan_sees_imports_and_call_names(tmp_path: Path) -> None:
-    assert any("import pynvml" in use for use in nvml_uses(PACKAGE / "collect" / "nvml.py"))
+    assert any("import pynvml" in use
+               for use in nvml_uses(PACKAGE / "collect" / "nvml_session.py"))
     module = tmp_path / "feature.py"
     module.write_text("from pynvml import nvmlInit\nimport pynvml.smi as smi\n"
                       "import importlib\nimportlib.import_module('pynvml')\n"
@@ -382,12 +384,12 @@ def test_other_processes_are_unknown_when_this_process_is_listed_under_another_p
     sample = nvml.read_sample(0, foreign, pids=[me], session_pids={me})
     assert sample is not None and sample.process_memory == 0
     assert sample.other_process_memory is None and sample.other_process_count is None
-    monkeypatch.setattr(nvml, "_shared", foreign)
+    monkeypatch.setattr(nvml_session, "_shared", foreign)
     assert failures.read_other_processes(0, {me}) is None
-    monkeypatch.setattr(nvml, "_shared", session(processes=[process(me, GiB),
+    monkeypatch.setattr(nvml_session, "_shared", session(processes=[process(me, GiB),
                                                             process(4242, 132 * GiB)]))
     assert failures.read_other_processes(0, {me}) == (132 * GiB, 1)
-    monkeypatch.setattr(nvml, "_shared", session(processes=[]))
+    monkeypatch.setattr(nvml_session, "_shared", session(processes=[]))
     assert failures.read_other_processes(0, {me}) == (0, 0)
 
 

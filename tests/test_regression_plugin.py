@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,11 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
     (["--gpu-store=mysql://db/x"], "*gpu_store / --gpu-store: 'mysql':// is not a store*"
                                    "postgresql://*"),
+    (["--gpu-store=postgresql://[::1"], "*gpu_store / --gpu-store: 'postgresql://[[]::1' is not "
+                                        "a valid PostgreSQL URL (Invalid IPv6 URL); e.g. "
+                                        "postgresql://*"),
+    (["--gpu-store=postgresql://ci:s3cret@[::1/db"],
+     "*gpu_store / --gpu-store: 'postgresql://ci:***@[[]::1/db' is not a valid PostgreSQL URL*"),
     (["--gpu-benchmark-disable", "--gpu-save=x"],
      "*gpu_benchmark_disable / --gpu-benchmark-disable: measures nothing, so gpu_save*"),
     (["--gpu-benchmark-skip", "--gpu-compare=x"],
@@ -446,6 +452,8 @@ def test_bad_options_are_usage_errors(project: pytest.Pytester, args: list[str],
     result = project.runpytest("-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert "s3cret" not in result.stderr.str()
 
 
 def test_unknown_compare_name_lists_saved_runs(project: pytest.Pytester,
@@ -569,7 +577,7 @@ def test_history_cli(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
     run(project, monkeypatch, "--gpu-save=main")
     run(project, monkeypatch, "--gpu-save=pr", factor=1.2, seed=1)
     capsys.readouterr()
-    monkeypatch.chdir(project.path / ".gputrain")  # found in the nearest parent with a store
+    monkeypatch.chdir(project.path / ".gputrain")  # the rootdir's, as pytest run here finds it
     assert main([]) == 0
     listing = capsys.readouterr().out
     assert "id    name" in listing and " pr " in listing and " main " in listing
@@ -599,6 +607,56 @@ def test_history_without_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     (tmp_path / "junk.sqlite").write_text("junk")
     assert main(["--store", str(tmp_path / "junk.sqlite")]) == 2
     assert "not an SQLite database" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["history"], ["compare", "base", "head"]])
+def test_a_store_url_that_cannot_be_parsed_is_a_clear_error(
+        command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_gputrain.cli import main
+
+    assert main([*command, "--store", "postgresql://ci:s3cret@[::1"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("pytest_gputrain: error: --store: 'postgresql://ci:***@[::1' is not a valid "
+                   "PostgreSQL URL (Invalid IPv6 URL); e.g. "
+                   "postgresql://ci@db.example.com:5432/benchmarks\n")
+
+
+@pytest.mark.parametrize(("ini_name", "ini_text"), [
+    ("pytest.ini", "[pytest]\ngpu_store = perf/shared.sqlite\n"),
+    ("pyproject.toml", '[tool.pytest.ini_options]\ngpu_store = "perf/shared.sqlite"\n'),
+    ("tox.ini", "[pytest]\ngpu_store = perf/shared.sqlite\n"),
+    ("setup.cfg", "[tool:pytest]\ngpu_store = perf/shared.sqlite\n"),
+])
+def test_history_and_compare_find_the_store_of_the_ini_file(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ini_name: str,
+        ini_text: str) -> None:
+    """``pytest --gpu-save`` writes to the ini file's gpu_store; the commands, run in the
+    project (here from a subfolder), find the ini file as pytest does and read the same store,
+    relative to the ini file's folder."""
+    (pytester.path / ini_name).write_text(ini_text)
+    pytester.makeconftest(FAKE_CLOCK_CONFTEST)
+    pytester.makepyfile(test_steps=FAKE_TESTS)
+    for seed, name in enumerate(("base", "head")):
+        result = run(pytester, monkeypatch, f"--gpu-save={name}", seed=seed)
+        assert result.ret == 0, result.stdout.str()
+    assert (pytester.path / "perf" / "shared.sqlite").is_file()
+    assert not store_path(pytester).exists()
+    folder = pytester.mkdir("tests")
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pytest_gputrain", *args],
+                              capture_output=True, text=True, check=False, cwd=folder)
+
+    history = command("history", "--json")
+    assert history.returncode == 0, history.stderr
+    assert [run["name"] for run in json.loads(history.stdout)] == ["head", "base"]
+    compared = command("compare", "base", "head")
+    assert compared.returncode == 0, compared.stderr
+    assert "gate passed: 2 cannot tell" in compared.stdout
+    # --store on the command line is relative to the current directory, as --gpu-store is.
+    named = command("history", "--store", "../perf/shared.sqlite", "--name", "base", "--json")
+    assert named.returncode == 0, named.stderr
+    assert [run["name"] for run in json.loads(named.stdout)] == ["base"]
 
 
 # -- the CUDA timer, against a fake torch (this suite runs without a GPU) --------------------

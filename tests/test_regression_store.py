@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 
 from pytest_gputrain.regression import fingerprint as fp
-from pytest_gputrain.regression.store import (
-    SCHEMA_VERSION,
-    Location,
-    ResultRecord,
-    StoreError,
-    describe,
-)
+from pytest_gputrain.regression.store import ResultRecord, StoreError
 from pytest_gputrain.regression.store_backends import inspect, open_store
+from pytest_gputrain.regression.store_location import (
+    Location,
+    describe,
+    parse_location,
+    resolve_store,
+)
+from pytest_gputrain.regression.store_schema import SCHEMA_VERSION
 from pytest_gputrain.regression.store_sqlite import APPLICATION_ID
 
 FINGERPRINT = {"device_type": "cuda", "gpu_name": "NVIDIA H200", "driver_version": "580.159.04",
@@ -96,6 +97,34 @@ def test_new_store_has_schema_marker(location: Location) -> None:
             assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         finally:
             connection.close()
+
+
+# What stores already written hold: both backends render store_schema into these.
+STORED_COLUMNS = {
+    "gputrain_schema": ["application", "version", "created_at"],
+    "runs": ["id", "name", "created_at", "fingerprint", "fingerprint_hash", "git_commit"],
+    "results": ["id", "run_id", "nodeid", "created_at", "fingerprint", "fingerprint_hash",
+                "rounds", "metrics", "summary"],
+}
+
+
+def test_both_backends_create_the_stored_tables_and_indexes(location: Location) -> None:
+    open_store(location).close()
+    if isinstance(location, Path):
+        columns = {table: [row[1] for row in raw_execute(location, f"PRAGMA table_info({table})")]
+                   for table in STORED_COLUMNS}
+        indexes = raw_execute(location, "SELECT name FROM sqlite_master WHERE type = 'index' "
+                                        "AND name NOT LIKE 'sqlite_%' ORDER BY name")
+    else:
+        columns = {table: [row[0] for row in raw_execute(
+            location, "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                      f"'gputrain' AND table_name = '{table}' ORDER BY ordinal_position")]
+                   for table in STORED_COLUMNS}
+        indexes = raw_execute(location, "SELECT indexname FROM pg_indexes WHERE schemaname = "
+                                        "'gputrain' AND indexname NOT LIKE '%_pkey' AND "
+                                        "indexname NOT LIKE '%_key' ORDER BY indexname")
+    assert columns == STORED_COLUMNS
+    assert [row[0] for row in indexes] == ["results_nodeid", "runs_name"]
 
 
 def test_save_and_read_back(location: Location) -> None:
@@ -413,6 +442,28 @@ def test_describe_hides_passwords() -> None:
     assert describe("postgresql://h/db?password=pw&user=u") == \
         "postgresql://h/db?password=***&user=u"
     assert describe(Path("a/b.sqlite")) == "a/b.sqlite"
+    # A URL that cannot be taken apart still hides what looks like a password.
+    assert describe("postgresql://u:pw@[::1/db?password=x") == \
+        "postgresql://u:***@[::1/db?password=***"
+    assert describe("postgresql://[::1") == "postgresql://[::1"
+
+
+def test_store_locations(tmp_path: Path) -> None:
+    url = "postgresql://ci@[::1]:5432/db?sslmode=require"
+    assert parse_location(f"  {url} ", tmp_path) == url
+    assert parse_location("perf/b.sqlite", tmp_path) == tmp_path / "perf" / "b.sqlite"
+    assert parse_location("perf/", tmp_path) == tmp_path / "perf" / "benchmarks.sqlite"
+    assert parse_location(".", tmp_path) == tmp_path / "." / "benchmarks.sqlite"  # a folder
+    assert parse_location(str(tmp_path / "a.db"), Path("/elsewhere")) == tmp_path / "a.db"
+    root = tmp_path / "root"
+    assert resolve_store(None, tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
+    assert resolve_store("  ", tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
+    assert resolve_store("b.sqlite", tmp_path, root) == tmp_path / "b.sqlite"
+    with pytest.raises(ValueError, match=r"^'postgresql://u:\*\*\*@\[::1' is not a valid "
+                                         r"PostgreSQL URL \(Invalid IPv6 URL\); e\.g\. "):
+        parse_location("postgresql://u:pw@[::1", tmp_path)
+    with pytest.raises(ValueError, match=r"^'mysql':// is not a store this version knows"):
+        parse_location("mysql://db/x", tmp_path)
 
 
 # -- fingerprints --------------------------------------------------------------------------

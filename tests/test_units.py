@@ -1,4 +1,5 @@
-"""Sizes and percentages as users write them: every bad value is a ValueError that reads well."""
+"""Sizes and percentages as users write them: every bad value is a ValueError that reads well.
+Durations as the outputs show them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_gputrain.assertions.markers import parse_duration
-from pytest_gputrain.units import MAX_SIZE, parse_percent, parse_size, shown
+from pytest_gputrain.units import (
+    MAX_SIZE,
+    format_duration,
+    format_value,
+    parse_percent,
+    parse_size,
+    shown,
+)
 
 
 @pytest.mark.parametrize(("value", "expected"), [
@@ -95,3 +103,22 @@ def test_shown_keeps_values_short_and_never_fails() -> None:
     assert shown("x" * 100) == repr("x" * 40) + "... (100 characters)"
     assert shown([1] * 100).endswith("...") and len(shown([1] * 100)) == 40
     assert shown(6) == "6"
+
+
+@pytest.mark.parametrize(("seconds", "readable", "precise"), [
+    (None, "–", "–"),
+    (0.0123, "12.3 ms", "12.300 ms"),
+    (0.009986, "10.0 ms", "9.986 ms"),
+    (0.9, "900.0 ms", "900.000 ms"),
+    (1.5, "1.50 s", "1.500 s"),
+    (0.0000456, "0.0 ms", "45.6 µs"),
+    (-0.002, "-2.0 ms", "-2.000 ms"),
+])
+def test_one_duration_formatter_for_every_output(seconds: float | None, readable: str,
+                                                 precise: str) -> None:
+    """Findings, the ladder and per-rank summaries read ``readable``; the regression gate, whose
+    verdicts turn on a few percent, ``precise``."""
+    assert format_duration(seconds) == readable
+    assert format_duration(seconds, precise=True) == precise
+    if seconds is not None:
+        assert format_value(seconds, "s") == readable

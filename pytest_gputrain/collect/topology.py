@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_gputrain.collect.nvml import Nvml, Reading, shared
+from pytest_gputrain.collect.nvml_session import Nvml, Reading, shared
 from pytest_gputrain.facts import DeviceFacts, GpuPairFacts, TopologyFacts
 
 # nvmlGpuTopologyLevel_t

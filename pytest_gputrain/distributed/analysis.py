@@ -22,6 +22,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pytest_gputrain.units import format_duration
+
 # The first step includes start-up (CUDA context, NCCL communicator, allocator warm-up).
 WARMUP_STEPS = 1
 
@@ -121,7 +123,7 @@ def per_rank_summary(values: Sequence[Any], unit: str | None = None) -> str:
         if value is None:
             text = "?"
         elif unit == "s":
-            text = f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+            text = format_duration(value)
         elif isinstance(value, float) and not value.is_integer():
             text = f"{value:.3g}"
         else:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.engine.codes import CODE_RE
+from pytest_gputrain.options import resolve_path
 from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import parse_percent, parse_size, shown
 
@@ -102,10 +103,10 @@ def build_config(
             )
         config.params.setdefault(code, {})[name.strip()] = value.strip()
     for folder in split_words(rules_dirs):
-        path = Path(folder)
-        if base_dir is not None and not path.is_absolute():
-            path = base_dir / path
-        config.extra_dirs.append(path)
+        try:  # relative to base_dir, else to the current directory
+            config.extra_dirs.append(resolve_path(folder, base_dir or Path()))
+        except ValueError as exc:
+            raise SettingError(f"gpu_rules_dirs: {exc}") from None
     return config
 
 

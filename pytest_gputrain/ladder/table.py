@@ -6,15 +6,9 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from pytest_gputrain.ladder.rungs import LadderResults, RungRecord
-from pytest_gputrain.units import format_bytes
+from pytest_gputrain.units import format_bytes, format_duration
 
 HEADERS = ("run", "batch", "step time", "speed-up", "peak VRAM", "util", "temp", "val acc")
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def _range(low: float | None, high: float | None, unit: str) -> str:
@@ -39,7 +33,7 @@ def rows(results: LadderResults) -> list[tuple[str, ...]]:
         out.append((
             _label(record),
             str(record.batch_size or "–"),
-            _seconds(record.seconds_per_step),
+            format_duration(record.seconds_per_step),
             speedup,
             format_bytes(record.peak_allocated) if record.peak_allocated is not None else "–",
             _range(record.utilization_p10, record.utilization_p90, "%"),

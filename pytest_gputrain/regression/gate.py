@@ -25,8 +25,9 @@ from pytest_gputrain.regression.compare import (
 )
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
-from pytest_gputrain.regression.store import RunInfo, Store, StoreError, describe
+from pytest_gputrain.regression.store import RunInfo, Store, StoreError
 from pytest_gputrain.regression.store_backends import check_creatable, inspect, open_store
+from pytest_gputrain.regression.store_location import describe
 
 
 def check_store(settings: RegressionSettings) -> None:

@@ -3,9 +3,10 @@
     python -m pytest_gputrain history [--store PATH|URL] [--name NAME] [--limit N]
     python -m pytest_gputrain history --test NODEID [--png out.png]
 
-The store is found the way git finds its folder: ``.gputrain/benchmarks.sqlite`` in the current
-directory or the nearest parent that has one, unless ``--store`` names it (a file, or a
-``postgresql://`` URL).
+The store is the one ``pytest --gpu-save`` run in the current directory writes to: the
+project's ini file is found as pytest finds it (pytest.ini, pyproject.toml, tox.ini, setup.cfg,
+here or in a parent folder) and its ``gpu_store`` read, else ``.gputrain/benchmarks.sqlite`` in
+the rootdir; ``--store`` names another (a file, or a ``postgresql://`` URL).
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_gputrain.regression.store import (
-    DEFAULT_DIR,
-    DEFAULT_NAME,
-    Location,
-    ResultRecord,
-    RunInfo,
-    StoreError,
-    is_url,
-)
+from pytest_gputrain.project_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_location import (
+    DEFAULT_STORE,
+    Location,
+    parse_location,
+    resolve_store,
+)
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
 
@@ -55,27 +55,33 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", metavar="PATH|URL",
-                        help=f"benchmark store: a file or a postgresql:// URL (default: "
-                             f"{DEFAULT_DIR}/{DEFAULT_NAME} here or in the nearest parent "
-                             "folder)")
+                        help="benchmark store: a file or a postgresql:// URL (default: the "
+                             "gpu_store of the project's ini file, as pytest run here reads "
+                             f"it, else {DEFAULT_STORE} in the rootdir)")
 
 
 def locate(store: str | None) -> Location:
-    """The store ``--store`` names (a URL as it is), else the nearest one found."""
-    if store is None:
-        return find_store()
-    return store if is_url(store) else Path(store)
-
-
-def find_store(start: Path | None = None) -> Path:
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        candidate = folder / DEFAULT_DIR / DEFAULT_NAME
-        if candidate.is_file():
-            return candidate
-    raise HistoryError(f"no benchmark store found ({DEFAULT_DIR}/{DEFAULT_NAME} in {here} or a "
-                       "parent folder); save a run with `pytest --gpu-save=NAME` or pass "
-                       "--store PATH")
+    """The store ``--store`` names (a path relative to the current directory), else the one
+    ``pytest --gpu-save`` run here would write to."""
+    if store is not None:
+        try:
+            return parse_location(store, Path.cwd())
+        except ValueError as exc:
+            raise HistoryError(f"--store: {exc}") from None
+    try:
+        project = read_project_settings(names=("gpu_store",))
+    except ProjectSettingsError as exc:
+        raise HistoryError(str(exc)) from None
+    try:
+        found = resolve_store(project.values["gpu_store"], project.ini_folder, project.rootpath)
+    except ValueError as exc:
+        raise HistoryError(f"gpu_store: {exc}") from None
+    if isinstance(found, Path) and not found.is_file():
+        raise HistoryError(f"no benchmark store found at {found} (where pytest run here saves: "
+                           f"the ini file's gpu_store, else {DEFAULT_STORE} in the rootdir "
+                           f"{project.rootpath}); save a run with `pytest --gpu-save=NAME` or "
+                           "pass --store PATH")
+    return found
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -146,15 +152,14 @@ def _peak(result: ResultRecord) -> float | None:
 
 
 def _test_rows(entries: list[tuple[RunInfo, ResultRecord]]) -> list[tuple[str, ...]]:
-    from pytest_gputrain.regression.output import format_seconds
-    from pytest_gputrain.units import format_bytes
+    from pytest_gputrain.units import format_bytes, format_duration
 
     rows: list[tuple[str, ...]] = []
     for run, result in entries:
         peak = _peak(result)
         rows.append((str(run.id), run.name, run.created_at, (run.commit or "–")[:10],
-                     str(result.rounds), format_seconds(_step(result, "median")),
-                     format_seconds(_step(result, "iqr")),
+                     str(result.rounds), format_duration(_step(result, "median"), precise=True),
+                     format_duration(_step(result, "iqr"), precise=True),
                      format_bytes(peak) if peak is not None else "–",
                      str(result.summary.get("throttled", 0))))
     return rows

@@ -10,7 +10,7 @@ from tabulate import tabulate
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
-from pytest_gputrain.units import format_bytes
+from pytest_gputrain.units import format_bytes, format_duration
 
 JSON_KIND = "pytest-gputrain-benchmarks"
 JSON_SCHEMA_VERSION = 2
@@ -21,22 +21,12 @@ BENCH_HEADERS = ("test", "device", "rounds", "median", "IQR", "min", "peak VRAM"
 Line = tuple[str, dict[str, bool]]
 
 
-def format_seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    if abs(value) >= 1:
-        return f"{value:.3f} s"
-    if abs(value) >= 1e-3:
-        return f"{value * 1e3:.3f} ms"
-    return f"{value * 1e6:.1f} µs"
-
-
 def format_metric(metric: str, value: float | None) -> str:
     if value is None:
         return "–"
     if metric == "peak_vram":
         return format_bytes(value)
-    return format_seconds(value)
+    return format_duration(value, precise=True)
 
 
 def format_change(change: float | None, comparable: bool = True) -> str:
@@ -91,8 +81,8 @@ def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for b in sorted(report.benchmarks, key=lambda r: r.nodeid):
         util = b.utilization_mean
-        rows.append((b.nodeid, b.device, str(b.rounds), format_seconds(b.median),
-                     format_seconds(b.iqr), format_seconds(b.min),
+        rows.append((b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
+                     format_duration(b.iqr, precise=True), format_duration(b.min, precise=True),
                      format_bytes(b.peak_vram_max) if b.peak_vram else "–",
                      "–" if util is None else f"{util:.0f} %",
                      f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"))

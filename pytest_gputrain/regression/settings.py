@@ -14,8 +14,13 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import Option, read
+from pytest_gputrain.options import Option, read, read_with_base, resolve_path
 from pytest_gputrain.options import add_options as register
+from pytest_gputrain.regression.store_location import (
+    DEFAULT_STORE,
+    Location,
+    resolve_store,
+)
 from pytest_gputrain.units import parse_percent
 
 METRICS = ("step_time", "peak_vram")
@@ -26,9 +31,7 @@ DEFAULT_ALPHA = 0.01
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
-DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
 RESERVED_NAMES = ("latest",)
-URL_SCHEMES = ("postgresql://", "postgres://")  # the store module's, without importing it
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -86,7 +89,7 @@ class RegressionSettings:
     step_summary: str = DEFAULT_STEP_SUMMARY
     force: bool = False
     json_path: Path | None = None
-    store: Path | str = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
+    store: Location = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
     disable: bool = False
     skip: bool = False
     warmup: int | None = None
@@ -191,24 +194,15 @@ def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: flo
     return value
 
 
-def _path(config: pytest.Config, ini: str) -> Path | None:
-    """A path option: from the command line relative to the invocation directory, from the
-    ini file relative to the ini file's directory."""
-    given = config.getoption(ini, default=None)
-    text = given if given is not None else config.getini(ini)
+def _path(config: pytest.Config, ini: str, flag: str) -> Path | None:
+    """A path option, relative to where its value came from (``options.read_with_base``)."""
+    text, base = read_with_base(config, ini)
     if not text:
         return None
     try:
-        path = Path(str(text)).expanduser()
-    except RuntimeError as exc:  # "~user" naming no user, or no home directory known
-        raise pytest.UsageError(f"{ini}: {str(text)!r}: cannot expand '~' ({exc})") from None
-    if path.is_absolute():
-        return path
-    if given is not None:
-        base = Path(config.invocation_params.dir)
-    else:
-        base = Path(config.inipath).parent if config.inipath else Path(config.rootpath)
-    return base / path
+        return resolve_path(str(text), base)
+    except ValueError as exc:
+        raise _usage(ini, flag, str(exc)) from None
 
 
 def read_settings(config: pytest.Config) -> RegressionSettings:
@@ -257,26 +251,20 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary,
         force=bool(read(config, "gpu_compare_force")),
-        json_path=_path(config, "gpu_benchmark_json"), store=store,
+        json_path=_path(config, "gpu_benchmark_json", "--gpu-benchmark-json"), store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
         disable=disable, skip=skip,
     )
 
 
-def _store(config: pytest.Config) -> Path | str:
-    """A ``postgresql://`` URL as it is; a path like the other path options (a folder, or a
-    value ending in a slash, gets ``benchmarks.sqlite`` inside)."""
-    raw = str(read(config, "gpu_store") or "").strip()
-    if raw.lower().startswith(URL_SCHEMES):
-        return raw
-    if "://" in raw:
-        raise _usage("gpu_store", "--gpu-store", f"{raw.split('://')[0]!r}:// is not a store "
-                     "this version knows; give a file path or a postgresql:// URL, e.g. "
-                     "--gpu-store=postgresql://ci@db.example.com/benchmarks")
-    store = _path(config, "gpu_store") or Path(config.rootpath) / DEFAULT_STORE
-    if store.is_dir() or raw.endswith(("/", "\\")):
-        store = store / "benchmarks.sqlite"
-    return store
+def _store(config: pytest.Config) -> Location:
+    """The store, by ``store_location``'s rules (the commands ``history`` and ``compare`` use
+    them too)."""
+    value, base = read_with_base(config, "gpu_store")
+    try:
+        return resolve_store(value, base, Path(config.rootpath))
+    except ValueError as exc:
+        raise _usage("gpu_store", "--gpu-store", str(exc)) from None
 
 
 def _check_untimed(disable: bool, skip: bool, save: str | None, compare: str | None) -> None:

@@ -5,14 +5,8 @@
 - PostgreSQL (``store_postgres``, psycopg 3: ``pip install 'pytest-gputrain[postgres]'``): a
   ``postgresql://`` URL, so that CI runners share one store and see each other's baselines.
 
-Both hold the same three tables with the same columns (PostgreSQL keeps them in its own schema,
-``gputrain``)::
-
-    gputrain_schema (application, version, created_at)   the marker: which program, which schema
-    runs    (id, name, created_at, fingerprint, fingerprint_hash, git_commit)
-    results (id, run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds,
-             metrics  -- JSON: per-round arrays {"step_time": [...], "throttled": [...], ...}
-             summary) -- JSON: medians, spreads, throttled count, device, timer, conditions
+Both hold the same tables (``store_schema`` describes them once; PostgreSQL keeps them in its
+own schema, ``gputrain``); ``store_location`` says where a store is.
 
 One run is one pytest session; runs may repeat a name, so a baseline can be several sessions
 (``select_runs``). A store is recognised before anything is written to it: one that someone else
@@ -29,22 +23,16 @@ from __future__ import annotations
 
 import datetime
 import json
-import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-SCHEMA_VERSION = 1
+from pytest_gputrain.regression.store_schema import DATA_TABLES, MARKER_TABLE, SCHEMA_VERSION
+
 APPLICATION = "pytest-gputrain"
-DEFAULT_DIR = ".gputrain"
-DEFAULT_NAME = "benchmarks.sqlite"
-URL_SCHEMES = ("postgresql://", "postgres://")
 # A side of a comparison keeps at most this many sessions of one name and commit.
 MAX_SIDE_RUNS = 20
-
-Location = Path | str  # a SQLite file, or a PostgreSQL URL (str)
 
 _T = TypeVar("_T")
 
@@ -55,27 +43,6 @@ class StoreError(Exception):
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def is_url(location: object) -> bool:
-    return isinstance(location, str) and location.lower().startswith(URL_SCHEMES)
-
-
-def describe(location: Location) -> str:
-    """The location for messages: a URL without its password, a path as it is."""
-    if not is_url(location):
-        return str(location)
-    text = str(location)
-    parts = urllib.parse.urlsplit(text)
-    netloc = parts.netloc
-    if "@" in netloc:
-        credentials, host = netloc.rsplit("@", 1)
-        user = credentials.split(":", 1)[0]
-        netloc = f"{user}:***@{host}" if ":" in credentials else f"{user}@{host}"
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    hidden = [(k, "***" if k.lower() == "password" else v) for k, v in query]
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path,
-                                    urllib.parse.urlencode(hidden, safe="/*"), parts.fragment))
 
 
 @dataclass(frozen=True)
@@ -306,7 +273,7 @@ def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str)
     """"ours", or ``StoreError`` for a marker of another program, a newer schema or missing
     tables: the same rules for every backend."""
     if len(rows) != 1 or rows[0][0] != APPLICATION:
-        raise StoreError(f"{where}: unrecognised gputrain_schema marker {list(rows)!r}"
+        raise StoreError(f"{where}: unrecognised {MARKER_TABLE} marker {list(rows)!r}"
                          + _LEFT_ALONE)
     version = rows[0][1]
     if isinstance(version, bool) or not isinstance(version, int):
@@ -317,7 +284,7 @@ def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str)
             f"{where} was written by a newer pytest-gputrain (store schema {version}; this "
             f"version reads up to {SCHEMA_VERSION}); it was left untouched. Upgrade "
             "pytest-gputrain or set gpu_store / --gpu-store to another store")
-    if version < 1 or not {"runs", "results"} <= tables:
+    if version < 1 or not DATA_TABLES.issubset(tables):
         raise StoreError(f"{where}: damaged pytest-gputrain store (schema {version}, tables "
                          f"{sorted(tables)}); it was left untouched")
     return "ours"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_gputrain.regression.store import Location, Store, is_url
+from pytest_gputrain.regression.store import Store
+from pytest_gputrain.regression.store_location import Location, is_url
 
 
 def inspect(location: Location) -> str:

@@ -27,12 +27,18 @@ from typing import Any, TypeVar
 from pytest_gputrain import folders
 from pytest_gputrain.regression.store import (
     APPLICATION,
-    SCHEMA_VERSION,
     Store,
     StoreError,
     Writer,
     classify_marker,
     now,
+)
+from pytest_gputrain.regression.store_schema import (
+    MARKER_TABLE,
+    SCHEMA_VERSION,
+    Dialect,
+    create_statements,
+    insert_marker,
 )
 
 APPLICATION_ID = 0x47505452  # "GPTR", in the SQLite header (PRAGMA application_id)
@@ -42,35 +48,8 @@ WRITE_ATTEMPTS = 12
 
 _T = TypeVar("_T")
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS gputrain_schema (
-        application TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        created_at TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        name TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        fingerprint_hash TEXT NOT NULL,
-        git_commit TEXT
-    )""",
-    """CREATE TABLE IF NOT EXISTS results (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-        nodeid TEXT NOT NULL,
-        created_at TEXT NOT NULL,
-        fingerprint TEXT NOT NULL,
-        fingerprint_hash TEXT NOT NULL,
-        rounds INTEGER NOT NULL,
-        metrics TEXT NOT NULL,
-        summary TEXT NOT NULL,
-        UNIQUE (run_id, nodeid)
-    )""",
-    "CREATE INDEX IF NOT EXISTS runs_name ON runs(name)",
-    "CREATE INDEX IF NOT EXISTS results_nodeid ON results(nodeid)",
-)
+# How the tables of ``store_schema`` are written in SQLite.
+DIALECT = Dialect(key="INTEGER PRIMARY KEY AUTOINCREMENT", reference="INTEGER")
 _ELSEWHERE = "Set gpu_store / --gpu-store to a file in a folder you can write"
 REFUSED = ("; it was left untouched. Move it away or set gpu_store / --gpu-store to another "
            "file")
@@ -121,11 +100,11 @@ def _classify(connection: sqlite3.Connection, path: Path) -> str:
     application_id = int(connection.execute("PRAGMA application_id").fetchone()[0])
     if not tables and application_id in (0, APPLICATION_ID):
         return "empty"
-    if application_id not in (0, APPLICATION_ID) or "gputrain_schema" not in tables:
+    if application_id not in (0, APPLICATION_ID) or MARKER_TABLE not in tables:
         listed = ", ".join(sorted(tables)[:6]) or "none"
         raise StoreError(f"{path} is an SQLite database that pytest-gputrain did not write (no "
-                         f"gputrain_schema marker; tables: {listed})" + REFUSED)
-    rows = connection.execute("SELECT application, version FROM gputrain_schema").fetchall()
+                         f"{MARKER_TABLE} marker; tables: {listed})" + REFUSED)
+    rows = connection.execute(f"SELECT application, version FROM {MARKER_TABLE}").fetchall()
     return classify_marker(rows, tables, str(path))
 
 
@@ -207,12 +186,9 @@ class SqliteStore(Store):
             if _classify(connection, self.path) == "ours":
                 return
             connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            for statement in SCHEMA:
+            for statement in create_statements(DIALECT):
                 connection.execute(statement)
-            connection.execute(
-                "INSERT INTO gputrain_schema (application, version, created_at) VALUES (?, ?, ?)",
-                (APPLICATION, SCHEMA_VERSION, now()),
-            )
+            connection.execute(insert_marker(DIALECT), (APPLICATION, SCHEMA_VERSION, now()))
 
     def _use_wal(self) -> None:
         mode = self._connection.execute("PRAGMA journal_mode").fetchone()[0]
