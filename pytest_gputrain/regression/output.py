@@ -162,6 +162,12 @@ def compare_lines(report: GateReport) -> list[Line]:
     return lines
 
 
+def has_content(report: GateReport) -> bool:
+    """Whether the gate has anything to show (benchmarks, a comparison, notes, a saved run)."""
+    return bool(report.benchmarks or report.compare_spec or report.notes
+                or report.saved_run is not None)
+
+
 def terminal_lines(report: GateReport) -> list[Line]:
     """Lines for the pytest terminal summary."""
     lines: list[Line] = []
