@@ -7,7 +7,8 @@ session that uses none of the options and no ``gpu_benchmark`` opens no store.
 
 xdist: each worker keeps its tests' results and sends them to the controller when it finishes;
 the controller alone compares, saves (one run, one transaction) and reports, and sets the exit
-status.
+status. Under ``--gpu-diagnose`` the gate's verdict is also a section of the ``--gpu-report``
+files (``benchmarks``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import feature_plugins
+from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.regression import settings as regression_settings
 from pytest_gputrain.regression.settings import RegressionSettings
 from pytest_gputrain.xdist import is_xdist_worker, send_to_controller, sent_by_worker
@@ -44,7 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
         from pytest_gputrain.regression.gate import check_store
 
         check_store(settings)
-    feature_plugins.register(config, PLUGIN_KEY, RegressionPlugin(config, settings), PLUGIN_NAME)
+    plugin = RegressionPlugin(config, settings)
+    feature_plugins.register(config, PLUGIN_KEY, plugin, PLUGIN_NAME)
+    if options.diagnosing(config):
+        from pytest_gputrain.diagnose import diagnosis
+
+        session = diagnosis(config)
+        if session is not None:
+            session.add_section("benchmarks", plugin.report_section)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -162,3 +170,11 @@ class RegressionPlugin:
             terminalreporter.section("gpu benchmarks")
             for line, markup in terminal_lines(self.report):
                 terminalreporter.write_line(line, **markup)
+
+    def report_section(self) -> dict[str, Any] | None:
+        """``sections["benchmarks"]`` of the --gpu-report files, when the gate ran."""
+        if self.report is None:
+            return None
+        from pytest_gputrain.regression.output import has_content, report_section
+
+        return report_section(self.report) if has_content(self.report) else None
