@@ -7,6 +7,11 @@ through one door each:
 - ``add_record(scope, record)``: facts of a registered scope (a test's run, a failure, a
   launch). The session's findings come from its records exactly as a replay of the facts file
   computes them; the facts file (``--gpu-facts-out``) keeps them.
+- ``add_test_record(item, scope, record, details)``: the same, for a record of the test
+  ``item`` made while pytest makes the report of one of its phases (setup, call, teardown).
+  The diagnosis judges the phase's records together (a failure with its run), as a replay
+  does, and writes their findings, then the ``details`` lines, as the report's one "gputrain
+  diagnosis" section.
 - ``add_section(name, section, terminal=...)``: a section of the report files, and optionally
   lines for the terminal summary.
 
@@ -21,7 +26,7 @@ Import-light: importing this module imports neither torch nor pydantic.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_gputrain import options, scopes
+from pytest_gputrain.xdist import send_to_controller, sent_by_worker
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -39,7 +45,11 @@ if TYPE_CHECKING:
     from pytest_gputrain.options import Settings
 
 PLUGIN_NAME = "gputrain-diagnose"
+# The title of the section the diagnosis adds to a test's report.
+TEST_SECTION = "gputrain diagnosis"
 _SESSION_KEY = pytest.StashKey[pytest.Session]()
+# The records a test's current phase handed in: (scope, record as kept, details), in order.
+_TEST_RECORDS = pytest.StashKey[list[tuple[str, Any, tuple[str, ...]]]]()
 # pytest-xdist: the controller's environment goes to the workers, their records come back.
 WORKER_ENVIRONMENT = "gputrain_environment"
 WORKER_RECORDS = "gputrain_records"
@@ -90,6 +100,49 @@ class Diagnosis:
         data = record.model_dump(mode="json")
         self._records.setdefault(scope, []).append(data)
         return spec.model.model_validate(data)
+
+    def add_test_record(self, item: pytest.Item, scope: str, record: BaseModel,
+                        details: Sequence[str] = ()) -> None:
+        """Keep one record of ``scope`` (as ``add_record``) made by the test ``item`` in the
+        phase whose report pytest is making: judged with the phase's other records when the
+        report is made, its findings and ``details`` (lines that describe the record) in the
+        report's "gputrain diagnosis" section."""
+        kept = self.add_record(scope, record)
+        item.stash.setdefault(_TEST_RECORDS, []).append((scope, kept, tuple(details)))
+
+    # The outermost wrapper (tryfirst): every feature's wrapper, inside it, has handed its
+    # records of the phase by the time the report comes back here.
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
+                                  ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        handed = item.stash.get(_TEST_RECORDS, None)
+        if handed:
+            del item.stash[_TEST_RECORDS]
+            text = self._test_section(handed)
+            if text:
+                report.sections.append((TEST_SECTION, text))
+        return report
+
+    def _test_section(self, handed: list[tuple[str, Any, tuple[str, ...]]]) -> str:
+        """The findings of one test's phase, as a replay gives them (a failure judged with its
+        run), most severe first; then each record's details, by scope, in the order given."""
+        from pytest_gputrain.findings import sort_findings
+        from pytest_gputrain.report.terminal import section_for_test
+
+        handed = sorted(handed, key=lambda entry: entry[0])  # stable: records keep their order
+        related: dict[str, list[Any]] = {}
+        for scope, record, _ in handed:
+            related.setdefault(scope, []).append(record)
+        try:
+            findings = [finding for scope, record, _ in handed
+                        for finding in self.engine.evaluate_record(
+                            scope, self.environment, record, related)]
+        except Exception as exc:  # never let the diagnosis break a test's report
+            return f"gputrain: this test's records could not be judged: " \
+                   f"{type(exc).__name__}: {exc}"
+        details = [line for _, _, lines in handed for line in lines]
+        return section_for_test(sort_findings(findings), details)
 
     def records(self, scope: str) -> list[dict[str, Any]]:
         """The records of ``scope`` so far, as plain JSON data."""
@@ -212,8 +265,9 @@ class DiagnoseSession(Diagnosis):
                 f"gputrain: failing the run: a finding reached '{self.settings.fail_on}' "
                 "(--gpu-fail-on)", red=True, bold=True)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> Any:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionfinish(self, session: pytest.Session,
+                             exitstatus: int) -> Generator[None, None, None]:
         from pytest_gputrain.report.model import fails
 
         self.config.stash[_SESSION_KEY] = session
@@ -233,7 +287,7 @@ class DiagnoseSession(Diagnosis):
         elif session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
             # A diagnosis of the machine alone (no tests) is a complete, successful run.
             session.exitstatus = pytest.ExitCode.OK
-        yield
+        return (yield)
 
     # -- pytest-xdist: environment to the workers, records back -----------------------------------
 
@@ -243,8 +297,7 @@ class DiagnoseSession(Diagnosis):
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        output = getattr(node, "workeroutput", None) or {}
-        for scope, records in output.get(WORKER_RECORDS, {}).items():
+        for scope, records in sent_by_worker(node, WORKER_RECORDS, {}).items():
             self._records.setdefault(scope, []).extend(records)
 
     def _write_outputs(self, findings: list[Finding] | None) -> list[Output]:
@@ -308,5 +361,5 @@ class WorkerDiagnosis(Diagnosis):
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.config.workeroutput[WORKER_RECORDS] = self._records  # type: ignore[attr-defined]
+        send_to_controller(self.config, WORKER_RECORDS, self._records)
 

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_gputrain import options
-from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
+from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
@@ -21,7 +20,9 @@ if TYPE_CHECKING:
 
 # The features: each module declares its options, hooks and rule scopes, and keeps its own
 # import light (no torch/pydantic at load). The probe comes first so that `pytest --help` lists
-# its options right after the diagnosis's.
+# its options right after the diagnosis's. A feature whose options tune the diagnosis lists
+# them in its module's ``DIAGNOSIS_OPTIONS``: on the command line they turn the diagnosis on,
+# as the diagnosis's own do.
 FEATURES = (
     "pytest_gputrain.probe.plugin",
     "pytest_gputrain.assertions.plugin",
@@ -29,9 +30,6 @@ FEATURES = (
     "pytest_gputrain.ladder.plugin",
     "pytest_gputrain.distributed.plugin",
 )
-# The features' options that tune the diagnosis: on the command line they turn it on, as the
-# diagnosis's own do.
-DIAGNOSIS_FEATURE_OPTIONS = PROBE_OPTIONS
 
 
 def load_features() -> None:
@@ -57,11 +55,19 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
             pluginmanager.register(importlib.import_module(name), name)
 
 
+def diagnosis_feature_options(pluginmanager: pytest.PytestPluginManager
+                              ) -> tuple[options.Option, ...]:
+    """The options of the registered features that tune the diagnosis."""
+    return tuple(option for name in FEATURES
+                 for option in getattr(pluginmanager.get_plugin(name), "DIAGNOSIS_OPTIONS", ()))
+
+
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     # Every value is checked whether or not the diagnosis runs: a typo is an error in any mode.
-    settings = options.read_settings(config, options.OPTIONS + DIAGNOSIS_FEATURE_OPTIONS)
+    table = options.OPTIONS + diagnosis_feature_options(config.pluginmanager)
+    settings = options.read_settings(config, table)
     rule_config = read_rule_config(config)
     if not settings.diagnose:
         return
@@ -77,15 +83,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
                           else DiagnoseSession(config, settings, engine))
-    config.stash[options.DIAGNOSIS_KEY] = session
-    config.pluginmanager.register(session, PLUGIN_NAME)
+    feature_plugins.register(config, options.DIAGNOSIS_KEY, session, PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(options.DIAGNOSIS_KEY, None)
-    if session is not None:
-        del config.stash[options.DIAGNOSIS_KEY]
-        config.pluginmanager.unregister(session)
+    feature_plugins.unregister(config, options.DIAGNOSIS_KEY)
 
 
 def read_rule_config(config: pytest.Config) -> RuleConfig | None:

@@ -8,10 +8,13 @@ given its layer in ``LAYERS`` below.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from pytest_gputrain.plugin import FEATURES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 
@@ -20,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
                               "severity", "options", "xdist", "hookspecs", "versions",
-                              "percentiles", "project_settings"})),
+                              "percentiles", "project_settings", "feature_plugins"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
@@ -202,6 +205,82 @@ def test_the_expression_language_imports_down_only() -> None:
                 assert target in below, f"{package}.{module}:{line} imports {target}"
 
 
+# -- every feature comes in through one door ----------------------------------------------------
+
+# Where pytest's plugin manager is called directly: the door itself, and plugin.py registering
+# the features' plugin modules (pytest_addoption).
+DOOR = {("pytest_gputrain.feature_plugins", "register"),
+        ("pytest_gputrain.feature_plugins", "unregister"),
+        ("pytest_gputrain.plugin", "pytest_addoption")}
+
+
+def _dotted(node: ast.AST) -> str:
+    """``config.pluginmanager.register`` for the expression of a call's function."""
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else "?"
+
+
+def _calls(tree: ast.AST) -> Iterator[tuple[str, str, ast.Call]]:
+    """(the innermost function or method around it, the called name, the call)."""
+    def walk(node: ast.AST, function: str) -> Iterator[tuple[str, str, ast.Call]]:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                else function
+            if isinstance(child, ast.Call):
+                yield inner, _dotted(child.func), child
+            yield from walk(child, inner)
+
+    yield from walk(tree, "")
+
+
+def plugin_manager_calls(module: str, source: str) -> list[str]:
+    """Calls of the plugin manager's register/unregister outside the door, as readable lines."""
+    return [f"{module}:{call.lineno} {function}() calls {name}"
+            for function, name, call in _calls(ast.parse(source))
+            if name.split(".")[-2:-1] == ["pluginmanager"]
+            and name.rsplit(".", 1)[-1] in ("register", "unregister")
+            and (module, function) not in DOOR]
+
+
+def _door_calls(source: str, function: str) -> list[tuple[str, str]]:
+    """(door function, key) of each ``feature_plugins.register/unregister(config, KEY, ...)``
+    made in ``function``."""
+    return [(name.rsplit(".", 1)[-1], _dotted(call.args[1]))
+            for inside, name, call in _calls(ast.parse(source))
+            if inside == function and name.startswith("feature_plugins.") and len(call.args) > 1]
+
+
+def test_only_the_door_registers_plugin_objects() -> None:
+    problems = [problem for module, path in MODULES.items()
+                for problem in plugin_manager_calls(module, path.read_text(encoding="utf-8"))]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("module", [*FEATURES, "pytest_gputrain.plugin"])
+def test_every_feature_and_the_diagnosis_register_one_plugin_object(module: str) -> None:
+    """Registered in pytest_configure and unregistered in pytest_unconfigure through the door,
+    under the feature's ``PLUGIN_KEY`` (the diagnosis's: ``options.DIAGNOSIS_KEY``)."""
+    source = MODULES[module].read_text(encoding="utf-8")
+    key = "options.DIAGNOSIS_KEY" if module == "pytest_gputrain.plugin" else "PLUGIN_KEY"
+    assert _door_calls(source, "pytest_configure") == [("register", key)]
+    assert _door_calls(source, "pytest_unconfigure") == [("unregister", key)]
+    if key == "PLUGIN_KEY":
+        assert re.search(r"^PLUGIN_KEY = pytest\.StashKey\[", source, re.MULTILINE), module
+
+
+def test_hook_wrappers_are_new_style_and_workeroutput_is_read_in_one_place() -> None:
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.keyword):
+                assert node.arg != "hookwrapper", f"{module}:{node.value.lineno}: use wrapper=True"
+            named = node.attr if isinstance(node, ast.Attribute) else getattr(node, "value", None)
+            if isinstance(node, (ast.Attribute, ast.Constant)) and named == "workeroutput":
+                assert module == "pytest_gputrain.xdist", (
+                    f"{module}:{node.lineno}: send_to_controller / sent_by_worker (xdist.py)")
+
+
 # -- the checks themselves catch what they are for ----------------------------------------------
 
 
@@ -228,3 +307,15 @@ def test_a_module_without_a_layer_is_named() -> None:
 def test_cycles_are_found() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [frozenset({"a", "b", "c"})]
+
+
+def test_a_plugin_registered_past_the_door_is_caught() -> None:
+    source = ("def pytest_configure(config):\n"
+              "    config.pluginmanager.register(Tables(config), 'tables')\n")
+    assert plugin_manager_calls("pytest_gputrain.ladder.plugin", source) == [
+        "pytest_gputrain.ladder.plugin:2 pytest_configure() calls "
+        "config.pluginmanager.register"]
+    door = ("def pytest_configure(config):\n"
+            "    feature_plugins.register(config, PLUGIN_KEY, Tables(config), 'tables')\n")
+    assert plugin_manager_calls("pytest_gputrain.ladder.plugin", door) == []
+    assert _door_calls(door, "pytest_configure") == [("register", "PLUGIN_KEY")]

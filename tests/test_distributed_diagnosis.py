@@ -99,8 +99,12 @@ def test_straggler_and_unbalanced_batches_are_diagnosed(
     assert {launch["test"].split("::")[-1] for launch in launches} == {
         "test_straggler", "test_balanced", "test_unbalanced"}
     assert all(launch["probe"] and launch["ddp_used"] for launch in launches)
-    # The passed test's report carries the diagnosis section (shown by -rA).
-    result.stdout.fnmatch_lines(["*gputrain diagnosis*", "WARNING GT301 straggler-rank: Rank 1*"])
+    # The passed test's report carries the diagnosis section (shown by -rA): the findings as
+    # the probe's are written, then the launch.
+    result.stdout.fnmatch_lines([
+        "*- gputrain diagnosis -*", "WARNING GT301 straggler-rank: *", "    Rank 1 is a straggler*",
+        "", "launch: 2 rank(s), backend gloo, passed in *", "  rank 0 | cpu | ok | 12 steps*",
+        "  rank 1 | cpu | ok | 12 steps*", "", "details: python -m pytest_gputrain explain CODE"])
 
 
 FAILING = textwrap.dedent("""
@@ -147,8 +151,11 @@ def test_collective_failure_is_diagnosed_on_the_failing_test(
     result.stdout.fnmatch_lines([
         "*rank 0 of 2 (backend gloo) failed: RuntimeError: *Timed out waiting 3000ms*",
         "*- gputrain diagnosis -*",
-        "ERROR GT308 collective-failed-or-hung: *rank 1 (0 call(s)) never entered all_reduce #1*",
+        "ERROR GT308 collective-failed-or-hung: *",
     ])
+    section = result.stdout.str().split("- gputrain diagnosis -", 1)[1]
+    # The message is wrapped: read it as one line.
+    assert "rank 1 (0 call(s)) never entered all_reduce #1" in " ".join(section.split())
     result.stdout.fnmatch_lines([
         "*rank 1 of 2 (backend gloo) failed: AssertionError: rank 1 disagrees*",
     ])

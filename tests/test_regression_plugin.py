@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,37 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     assert markdown.startswith("## GPU performance gate")
     assert "**Regression**" in markdown
     assert "| test_steps.py::test_train" in markdown
+
+
+def test_the_gate_is_a_section_of_the_diagnosis_reports(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        use_facts: Callable[..., Any]) -> None:
+    use_facts("cpu_laptop")
+    save_sessions(project, monkeypatch, "main", 3)
+    reports = ("--gpu-report=report.json", "--gpu-report=report.md", "--gpu-fail-on=never")
+    slow = run(project, monkeypatch, "--gpu-compare=main", *reports, factor=1.10, seed=1)
+    slow.assert_outcomes(passed=3)
+    assert slow.ret == 1  # the gate fails the run; the diagnosis does not
+    section = json.loads((project.path / "report.json").read_text())["sections"]["benchmarks"]
+    assert section["compare"] == "main" and section["failed"] is True
+    assert [run["name"] for run in section["baseline_runs"]] == ["main"] * 3
+    assert section["summary"]["regression"] == 2
+    by_test = {c["nodeid"]: c for c in section["comparisons"]}
+    train = by_test["test_steps.py::test_train"]
+    assert (train["metric"], train["verdict"]) == ("step_time", "regression")
+    assert 0.07 < train["change"] < 0.13 and train["p_value"] < 0.01
+    assert train["baseline"]["sessions"] == 3 and train["current"]["sessions"] == 1
+    assert train["baseline"]["value"] < train["current"]["value"]
+    markdown = (project.path / "report.md").read_text()
+    assert "### benchmarks\n\n**Regression** :x:" in markdown
+    assert "| test_steps.py::test_train" in markdown and "#### Benchmarks" in markdown
+    assert "## GPU performance gate" not in markdown  # the diagnosis's report has its own title
+
+    # Without the gate (no benchmark, no store) the reports have no such section.
+    project.makepyfile(test_steps="def test_plain():\n    pass\n")
+    plain = project.runpytest("-p", "no:cacheprovider", "--gpu-report=plain.json")
+    assert plain.ret == 0, plain.stdout.str()
+    assert "benchmarks" not in json.loads((project.path / "plain.json").read_text())["sections"]
 
 
 def test_one_session_a_side_cannot_tell(project: pytest.Pytester,

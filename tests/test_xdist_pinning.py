@@ -18,7 +18,7 @@ from pytest_gputrain.assertions.xdist import (
     parse_visible,
     pin_worker,
 )
-from pytest_gputrain.xdist import worker_number
+from pytest_gputrain.xdist import send_to_controller, sent_by_worker, worker_number
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
@@ -231,18 +231,31 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 def test_a_worker_the_controller_did_not_pin_pins_itself_or_tells_why() -> None:
     """Without the controller's decision (no key in workerinput) a worker works out its own
-    GPUs; when it cannot, the reason goes back in workeroutput for the controller to print."""
-    config = types.SimpleNamespace(workerinput={"workerid": "gw1", "workercount": 2},
-                                   workeroutput={})
-    no_gpu = pin_worker(config, 1, False, lambda: (None, "no NVML"))  # type: ignore[arg-type]
+    GPUs; when it cannot, it tells the reason (the plugin sends it to the controller)."""
+    config = types.SimpleNamespace(workerinput={"workerid": "gw1", "workercount": 2})
+    told: list[str] = []
+    no_gpu = pin_worker(config, 1, False, lambda: (None, "no NVML"),  # type: ignore[arg-type]
+                        told.append)
     assert no_gpu is None
-    assert config.workeroutput[NOTES_KEY] == [
+    assert told == [
         "not pinned to a GPU: cannot count the GPUs (NVML not available) and "
         "CUDA_VISIBLE_DEVICES is not set"]
     config.workerinput[WORKERINPUT_KEY] = None  # the controller decided: not pinned
-    config.workeroutput.clear()
-    assert pin_worker(config, 1, False, lambda: (None, "no NVML")) is None  # type: ignore[arg-type]
-    assert config.workeroutput == {}
+    told.clear()
+    assert pin_worker(config, 1, False, lambda: (None, "no NVML"),  # type: ignore[arg-type]
+                      told.append) is None
+    assert told == []
+
+
+def test_what_a_worker_sends_reaches_the_controller_as_json_data() -> None:
+    worker = types.SimpleNamespace(workeroutput={})
+    send_to_controller(worker, NOTES_KEY, ["a note", ("a", 1)])  # type: ignore[arg-type]
+    assert isinstance(worker.workeroutput[NOTES_KEY], str)  # one form on the wire: JSON text
+    assert sent_by_worker(worker, NOTES_KEY) == ["a note", ["a", 1]]
+    assert sent_by_worker(worker, "nothing", []) == []
+    assert sent_by_worker(types.SimpleNamespace(), NOTES_KEY, []) == []  # a crashed worker
+    with pytest.raises(TypeError, match=r"workeroutput.*must be JSON data"):
+        send_to_controller(worker, "bad", {1, 2})  # type: ignore[arg-type]
 
 
 def test_bad_per_worker_value_is_a_usage_error(pytester: pytest.Pytester) -> None:

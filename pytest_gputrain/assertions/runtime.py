@@ -4,6 +4,7 @@ Loaded by ``plugin.py`` only when a session needs it: when collection finds a GP
 tests are about to run (any test may run out of CUDA memory), or for xdist pinning. A collect-
 only run of a suite with no GPU test never imports it (pytest compiles every module it imports
 at start-up anew where bytecode is not cached, so a plain run pays for every line it loads).
+The hooks are the assertions' plugin object's (``plugin.py``): each calls a method here.
 
 Order of events for a GPU test:
 
@@ -31,7 +32,7 @@ from pytest_gputrain.assertions import markers
 from pytest_gputrain.assertions.failure import GpuMemoryWarning, GpuTrainWarning
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Mapping
+    from collections.abc import Mapping
 
     from pytest_gputrain.assertions.backend import GpuBackend
     from pytest_gputrain.assertions.measure import TestRun
@@ -62,7 +63,7 @@ def _skip_reason(report: pytest.TestReport) -> str:
 
 
 class GpuAssertions:
-    """The assertions' state for one session (registered as ``gputrain-assertions``)."""
+    """The assertions' run-time state for one session (held by the plugin object)."""
 
     def __init__(self, config: pytest.Config, settings: AssertionSettings) -> None:
         self.config = config
@@ -146,8 +147,8 @@ class GpuAssertions:
         run.start()
         return run
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+    def setup(self, item: pytest.Item) -> None:
+        """Before the test's setup: its requirements, then its measurements."""
         spec = item.stash.get(SPEC_KEY, None)
         if spec is None:
             return
@@ -185,20 +186,20 @@ class GpuAssertions:
 
     # -- call ------------------------------------------------------------------------------------
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+    def call_started(self, item: pytest.Item) -> None:
         run = item.stash.get(RUN_KEY, None)
         if run is not None:
             run.call_started()
-        try:
-            yield
-        finally:
-            if run is not None:
-                run.call_finished()
-                try:
-                    item.user_properties.extend(run.properties())
-                except Exception as exc:  # a measurement bug must not fail the test
-                    item.warn(GpuTrainWarning(f"gputrain: no GPU properties recorded: {exc}"))
+
+    def call_finished(self, item: pytest.Item) -> None:
+        """After the test's call, whatever its outcome."""
+        run = item.stash.get(RUN_KEY, None)
+        if run is not None:
+            run.call_finished()
+            try:
+                item.user_properties.extend(run.properties())
+            except Exception as exc:  # a measurement bug must not fail the test
+                item.warn(GpuTrainWarning(f"gputrain: no GPU properties recorded: {exc}"))
 
     # -- reports ---------------------------------------------------------------------------------
 
@@ -212,15 +213,13 @@ class GpuAssertions:
         except Exception:
             return False
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
-                                  ) -> Generator[None, Any, None]:
-        outcome = yield
+    def judge_report(self, item: pytest.Item, call: pytest.CallInfo[None],
+                     report: pytest.TestReport) -> None:
+        """The report of one phase: limits judged, an OOM explained, --gpu-required applied."""
         spec = item.stash.get(SPEC_KEY, None)
         oom = self._is_oom(call)
         if spec is None and not oom:
             return
-        report: pytest.TestReport = outcome.get_result()
         if spec is not None:
             report.gputrain_gpu_test = True  # type: ignore[attr-defined]  # read by the tally
         if oom:
@@ -301,20 +300,15 @@ class GpuAssertions:
 
     # -- teardown: OOM clean-up and gpu fixture hygiene ------------------------------------------
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None
-                                ) -> Generator[None, None, None]:
-        yield
+    def teardown_finished(self, item: pytest.Item) -> None:
         run = item.stash.get(RUN_KEY, None)
         if run is not None:
             run.stop()  # if the call never ran (a setup error)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
-                                ) -> Generator[None, None, None]:
-        # After the whole protocol: pytest drops the test's fixture values (item.funcargs)
-        # only after the teardown hooks, so memory is judged here, before the next test.
-        yield
+    def protocol_finished(self, item: pytest.Item) -> None:
+        """After the test's whole protocol: pytest drops the test's fixture values
+        (item.funcargs) only after the teardown hooks, so memory is judged here, before the
+        next test."""
         run = item.stash.get(RUN_KEY, None)
         oom = item.stash.get(OOM_KEY, None)
         if run is None and oom is None:
@@ -372,7 +366,8 @@ class GpuAssertions:
 
     # -- the session summary ---------------------------------------------------------------------
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def tally_report(self, report: pytest.TestReport) -> None:
+        """A report of a GPU test, in the tally."""
         if not getattr(report, "gputrain_gpu_test", False):
             return
         tally = self.tally.setdefault(report.nodeid, _Tally())
@@ -384,7 +379,8 @@ class GpuAssertions:
         elif report.when == "call":
             tally.ran = True
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def write_tally(self, terminalreporter: Any) -> None:
+        """The GPU tests' tally, for the terminal summary."""
         if not self.tally:
             return
         tallies = list(self.tally.values())

@@ -15,9 +15,12 @@ decide (no key in ``workerinput``) works its own assignment out from ``PYTEST_XD
 the worker count.
 
 What a worker has to say (it could not be pinned, CUDA was initialised too early) travels back
-in ``workeroutput`` and the controller prints it as one line per worker at the end of the
-session: a warning raised in the worker would reach the terminal as a raw ``UserWarning`` with
-this file's path and source line.
+to the controller when the worker finishes, and the controller prints it as one line per worker
+at the end of the session: a warning raised in the worker would reach the terminal as a raw
+``UserWarning`` with this file's path and source line.
+
+The pytest hooks are the assertions' plugin object's (``assertions/plugin.py``); this module
+holds what they do.
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ from typing import Any
 import pytest
 
 from pytest_gputrain.units import shown
-from pytest_gputrain.xdist import worker_number
+from pytest_gputrain.xdist import sent_by_worker, worker_number
 
 WORKERINPUT_KEY = "gputrain_cuda_visible_devices"
-NOTES_KEY = "gputrain_pinning_notes"  # in a worker's workeroutput: lines for the controller
+NOTES_KEY = "gputrain_pinning_notes"  # what a worker sends: lines for the controller
 VARIABLE = "CUDA_VISIBLE_DEVICES"
 
 
@@ -121,7 +124,8 @@ CountGpus = Callable[[], "tuple[int | None, str | None]"]
 
 
 class XdistPinning:
-    """Controller side: one assignment per gateway spec, before any worker starts."""
+    """Controller side: one assignment per gateway spec, before any worker starts; then what the
+    workers said about their pinning, for the end of the session."""
 
     def __init__(self, config: pytest.Config, per_worker: int, share: bool,
                  count_gpus: CountGpus) -> None:
@@ -133,8 +137,8 @@ class XdistPinning:
         self.decided = False  # setupnodes ran: workers follow it, pinned or not
         self.worker_notes: list[str] = []
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Sequence[Any]) -> None:
+    def setup_nodes(self, specs: Sequence[Any]) -> None:
+        """``pytest_xdist_setupnodes``: each spec's ``CUDA_VISIBLE_DEVICES``."""
         self.decided = True
         visible = os.environ.get(VARIABLE)
         count, reason = self.count_gpus()
@@ -162,8 +166,8 @@ class XdistPinning:
         self._say(f"gputrain: pinning {len(specs)} xdist workers to GPUs (CUDA_VISIBLE_DEVICES"
                   f"{mode}): {' '.join(lines)}")
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
+    def configure_node(self, node: Any) -> None:
+        """``pytest_configure_node``: the worker's assignment in its ``workerinput``."""
         spec = getattr(getattr(node, "gateway", None), "spec", None)
         value = getattr(spec, "env", {}).get(VARIABLE) if spec is not None else None
         if value is None:
@@ -171,15 +175,11 @@ class XdistPinning:
         if value is not None or self.decided:
             node.workerinput[WORKERINPUT_KEY] = value  # None: not pinned, and already said why
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+    def node_down(self, node: Any) -> None:
+        """``pytest_testnodedown``: keep what the worker said, one line per note."""
         workerid = getattr(node, "workerinput", {}).get("workerid", "a worker")
-        for note in getattr(node, "workeroutput", {}).get(NOTES_KEY, []):
+        for note in sent_by_worker(node, NOTES_KEY, []):
             self.worker_notes.append(f"gputrain: {workerid}: {note}")
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        for line in self.worker_notes:
-            terminalreporter.write_line(line, yellow=True)
 
     def _say(self, line: str) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -188,8 +188,9 @@ class XdistPinning:
 
 
 def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
-               count_gpus: CountGpus) -> str | None:
-    """Worker side (in ``pytest_configure``): set ``CUDA_VISIBLE_DEVICES``; return the value."""
+               count_gpus: CountGpus, tell: Callable[[str], None]) -> str | None:
+    """Worker side (in ``pytest_configure``): set ``CUDA_VISIBLE_DEVICES``; return the value.
+    ``tell`` takes a line for the controller (it could not be pinned, or too late)."""
     workerinput: dict[str, Any] = getattr(config, "workerinput", {})
     value = workerinput.get(WORKERINPUT_KEY)
     if value is None:
@@ -204,7 +205,7 @@ def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
             value = ",".join(assign_devices(index, int(total), per_worker,
                                             os.environ.get(VARIABLE), count, share))
         except PinningError as exc:
-            _tell_controller(config, f"not pinned to a GPU: {exc}")
+            tell(f"not pinned to a GPU: {exc}")
             return None
     if os.environ.get(VARIABLE) != value:
         torch = sys.modules.get("torch")
@@ -213,17 +214,9 @@ def pin_worker(config: pytest.Config, per_worker: int | None, share: bool,
         except Exception:
             late = False
         if late:
-            _tell_controller(config, f"CUDA was initialised before the worker could be pinned "
-                                     f"to CUDA_VISIBLE_DEVICES={value} (a conftest or plugin "
-                                     "touched CUDA at import); it may use the wrong GPU")
+            tell(f"CUDA was initialised before the worker could be pinned to "
+                 f"CUDA_VISIBLE_DEVICES={value} (a conftest or plugin touched CUDA at import); "
+                 "it may use the wrong GPU")
         os.environ[VARIABLE] = value
     return str(value)
 
-
-def _tell_controller(config: pytest.Config, note: str) -> None:
-    """One line for the controller to print at the end of the session."""
-    output = getattr(config, "workeroutput", None)
-    if isinstance(output, dict):
-        output.setdefault(NOTES_KEY, []).append(note)
-    else:  # not under xdist's control: say it here, still on one line
-        sys.stderr.write(f"gputrain: {note}\n")

@@ -1,6 +1,7 @@
 """The launches' diagnosis: under ``--gpu-diagnose``, every launch a test makes records per-rank
-facts (``DistributedRunFacts``), handed to the diagnosis as records of scope ``distributed`` and
-judged where the test ran; the findings go to the test's report section "gputrain diagnosis".
+facts (``DistributedRunFacts``), handed to the diagnosis as records of scope ``distributed``
+(``add_test_record``, with lines that describe the launch) and judged there, where the test ran;
+the findings and the lines go to the test's report section "gputrain diagnosis".
 A test that wraps a model in ``nn.DataParallel`` in its own process is recorded too (GT304).
 
 Loaded by ``plugin.py`` only when the diagnosis runs.
@@ -18,7 +19,6 @@ import pytest
 if TYPE_CHECKING:
     from pytest_gputrain.diagnose import Diagnosis
 
-SECTION = "gputrain diagnosis"
 SCOPE = "distributed"
 
 
@@ -70,9 +70,9 @@ class DistributedDiagnosis:
         self.config = config
         self.session = session
 
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None
-                                ) -> Generator[None]:
+                                ) -> Generator[None, object, object]:
         # By module path, as the fixture imports launch(): a package attribute can outlive the
         # module in sys.modules (pytester's in-process runs forget modules they imported).
         from pytest_gputrain.distributed.launcher import reset_recorder, set_recorder
@@ -82,43 +82,26 @@ class DistributedDiagnosis:
         token = set_recorder(recorder)
         restore = _patch_data_parallel(recorder)
         try:
-            yield
+            return (yield)
         finally:
             restore()
             reset_recorder(token)
 
-    # The outermost wrapper: its text follows the probe's in the test's diagnosis section.
-    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
-                                  ) -> Generator[None, Any, None]:
-        outcome = yield
+                                  ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         recorder = item.stash.get(_RECORDER, None)
         if recorder is None or call.when != "call":
-            return
+            return report
         launches = list(recorder.facts)
         if recorder.data_parallel_devices:
             from pytest_gputrain.distributed.report import in_process_facts
 
             launches.append(in_process_facts(item.nodeid, recorder.data_parallel_devices))
-        if not launches:
-            return
-        from pytest_gputrain.distributed.report import section_text
+        if launches:
+            from pytest_gputrain.distributed.report import launch_lines
 
-        engine, env = self.session.engine, self.session.environment
-        recorded, findings = [], []
-        for facts in launches:
-            # Judged as recorded: the session's findings (and a replay's) come from these.
-            facts = self.session.add_record(SCOPE, facts)
-            recorded.append(facts)
-            findings.extend(engine.evaluate_record(SCOPE, env, facts))
-        text = section_text(recorded, findings)
-        if text:
-            _add_section(outcome.get_result(), text)
-
-
-def _add_section(report: pytest.TestReport, text: str) -> None:
-    for index, (title, content) in enumerate(report.sections):
-        if title == SECTION:
-            report.sections[index] = (title, content.rstrip("\n") + "\n" + text)
-            return
-    report.sections.append((SECTION, text))
+            for facts in launches:
+                self.session.add_test_record(item, SCOPE, facts, launch_lines(facts))
+        return report

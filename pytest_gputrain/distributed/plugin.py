@@ -8,10 +8,11 @@
         t = torch.ones(1); dist.all_reduce(t); assert t.item() == 2
 
 Under ``--gpu-diagnose`` every launch made by a test records per-rank facts
-(``DistributedRunFacts``), handed to the diagnosis as records of scope ``distributed``; the rules
-of that scope (GT301-GT308) are evaluated on them where the test ran, and the findings go to the
-test's report section "gputrain diagnosis" and to the session's findings and JSON report
-(``sections["distributed"]``; under xdist the records reach the controller with the others).
+(``DistributedRunFacts``), handed to the diagnosis as records of scope ``distributed``; the
+diagnosis evaluates the rules of that scope (GT301-GT308) on them where the test ran, and writes
+the findings to the test's report section "gputrain diagnosis" and to the session's findings and
+JSON report (``sections["distributed"]``; under xdist the records reach the controller with the
+others).
 A test that wraps a model in ``nn.DataParallel`` in its own process is recorded too (GT304).
 That part is ``diagnosis.py``, loaded only when the diagnosis runs.
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import options, scopes
+from pytest_gputrain import feature_plugins, options, scopes
 
 if TYPE_CHECKING:
     from pytest_gputrain.distributed.diagnosis import (  # noqa: F401 (stash key type)
@@ -57,17 +58,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from pytest_gputrain.distributed.diagnosis import DistributedDiagnosis
 
-    plugin = DistributedDiagnosis(config, session)
-    config.stash[PLUGIN_KEY] = plugin
-    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    feature_plugins.register(config, PLUGIN_KEY, DistributedDiagnosis(config, session),
+                             PLUGIN_NAME)
     session.add_section("distributed", lambda: session.records(SCOPE) or None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    plugin = config.stash.get(PLUGIN_KEY, None)
-    if plugin is not None:
-        del config.stash[PLUGIN_KEY]
-        config.pluginmanager.unregister(plugin)
+    feature_plugins.unregister(config, PLUGIN_KEY)
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""From a finished launch to ``DistributedRunFacts``, and from facts and findings to text."""
+"""From a finished launch to ``DistributedRunFacts``, and from facts to the lines that describe
+the launch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts
 if TYPE_CHECKING:
     from pytest_gputrain.distributed.errors import RankFailure
     from pytest_gputrain.distributed.record import LaunchRecord
-    from pytest_gputrain.findings import Finding
 
 
 def build_facts(record: LaunchRecord, test: str | None,
@@ -161,27 +161,23 @@ def in_process_facts(test: str, data_parallel_devices: int) -> DistributedRunFac
     return facts
 
 
-def section_text(facts_list: list[DistributedRunFacts], findings: list[Finding]) -> str:
-    """The 'gputrain diagnosis' section of a test report: findings first, then the ranks."""
-    lines: list[str] = []
-    for finding in findings:
-        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.message}")
-        lines.append(f"    fix: {finding.fix}")
-    for facts in facts_list:
-        if facts.launcher == "in_process":
-            continue
-        lines.append(f"launch: {facts.world_size} rank(s), backend {facts.backend}, "
-                     f"{facts.outcome} in {facts.duration or 0:.1f} s")
-        for rank in facts.ranks:
-            bits = [f"rank {rank.rank}", rank.device_name or rank.device or "?",
-                    rank.outcome or "?"]
-            if rank.steps is not None:
-                bits.append(f"{rank.steps} steps")
-            if rank.step_time_median is not None:
-                bits.append(f"step {rank.step_time_median * 1000:.1f} ms")
-            if rank.busy_time_median is not None:
-                bits.append(f"busy {rank.busy_time_median * 1000:.1f} ms")
-            if rank.samples is not None:
-                bits.append(f"{rank.samples} samples")
-            lines.append("  " + " | ".join(bits))
-    return "\n".join(lines)
+def launch_lines(facts: DistributedRunFacts) -> list[str]:
+    """How one launch went, for the test's "gputrain diagnosis" section: the launch, then a
+    line per rank (none for a test that used nn.DataParallel in its own process)."""
+    if facts.launcher == "in_process":
+        return []
+    lines = [f"launch: {facts.world_size} rank(s), backend {facts.backend}, "
+             f"{facts.outcome} in {facts.duration or 0:.1f} s"]
+    for rank in facts.ranks:
+        bits = [f"rank {rank.rank}", rank.device_name or rank.device or "?",
+                rank.outcome or "?"]
+        if rank.steps is not None:
+            bits.append(f"{rank.steps} steps")
+        if rank.step_time_median is not None:
+            bits.append(f"step {rank.step_time_median * 1000:.1f} ms")
+        if rank.busy_time_median is not None:
+            bits.append(f"busy {rank.busy_time_median * 1000:.1f} ms")
+        if rank.samples is not None:
+            bits.append(f"{rank.samples} samples")
+        lines.append("  " + " | ".join(bits))
+    return lines

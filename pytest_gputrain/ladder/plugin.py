@@ -10,19 +10,27 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain.xdist import is_xdist_worker, worker_number
+from pytest_gputrain import feature_plugins
+from pytest_gputrain.xdist import (
+    is_xdist_worker,
+    send_to_controller,
+    sent_by_worker,
+    worker_number,
+)
 
 if TYPE_CHECKING:
     from pytest_gputrain.ladder.rungs import LadderResults
 
 PLUGIN_NAME = "gputrain-ladder"
+PLUGIN_KEY = pytest.StashKey["LadderTables"]()
+WORKER_OUTPUT = "gputrain_ladder"
 
 
 class LadderTables:
     """Every ladder's results of this session, printed as tables at its end.
 
     Under pytest-xdist the rungs run on the workers: each worker sends its results to the
-    controller when it ends (``workeroutput``), and the controller prints and reports them,
+    controller when it ends (``send_to_controller``), and the controller prints and reports them,
     rows ordered by worker (gw0, gw1, ...) and, within a worker, as they ran.
     """
 
@@ -46,16 +54,15 @@ class LadderTables:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.results and is_xdist_worker(self.config):
-            self.config.workeroutput[WORKER_OUTPUT] = [  # type: ignore[attr-defined]
-                results.as_dict() for results in self.results.values()]
+            send_to_controller(self.config, WORKER_OUTPUT,
+                               [results.as_dict() for results in self.results.values()])
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         from pytest_gputrain.ladder import LadderResults
 
-        output = getattr(node, "workeroutput", None) or {}
         worker = str((getattr(node, "workerinput", None) or {}).get("workerid", ""))
-        for data in output.get(WORKER_OUTPUT, []):
+        for data in sent_by_worker(node, WORKER_OUTPUT, []):
             received = LadderResults.from_dict(data)
             by_worker = self._from_workers.setdefault(received.name, {})
             by_worker[worker] = received
@@ -77,9 +84,6 @@ class LadderTables:
                 terminalreporter.write_line(line)
 
 
-_TABLES = pytest.StashKey[LadderTables]()
-WORKER_OUTPUT = "gputrain_ladder"
-
 
 def _worker_order(worker: str) -> tuple[int, str]:
     """gw2 before gw10."""
@@ -91,16 +95,11 @@ def _worker_order(worker: str) -> tuple[int, str]:
 # tests in the terminal summary (hooks of later registered plugins run first).
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    tables = LadderTables(config)
-    config.stash[_TABLES] = tables
-    config.pluginmanager.register(tables, PLUGIN_NAME)
+    feature_plugins.register(config, PLUGIN_KEY, LadderTables(config), PLUGIN_NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    tables = config.stash.get(_TABLES, None)
-    if tables is not None:
-        del config.stash[_TABLES]
-        config.pluginmanager.unregister(tables)
+    feature_plugins.unregister(config, PLUGIN_KEY)
 
 
 def _report_section(result: LadderResults) -> dict[str, Any]:
@@ -118,7 +117,7 @@ def gpu_ladder(request: pytest.FixtureRequest) -> Callable[[Any], Any]:
     ``--gpu-report`` files (section ``ladder: NAME``)."""
     from pytest_gputrain.ladder import Ladder, LadderSpec
 
-    tables = request.config.stash[_TABLES]
+    tables = request.config.stash[PLUGIN_KEY]
 
     def ladder_for(spec: LadderSpec) -> Ladder:
         return Ladder(spec, tables.results_for(spec.name))

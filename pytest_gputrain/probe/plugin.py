@@ -4,9 +4,9 @@ call and diagnoses GPU failures.
 ``ProbePlugin`` is registered only under ``--gpu-diagnose`` (in every process that runs tests:
 the single process, or each pytest-xdist worker). Per test it records a ``RunFacts`` (when the
 test trained, ran a module, loaded data or used CUDA) and, when the test failed on a GPU error, a
-``FailureFacts``; it hands both to the diagnosis (``add_record``), which judges them with the
-session's findings and replays them from the facts file, and appends the findings of both to the
-test's report as a "gputrain diagnosis" section.
+``FailureFacts``; it hands both to the diagnosis (``add_test_record``), which judges them with
+the session's findings and replays them from the facts file, and writes the findings of both in
+the test's report section "gputrain diagnosis".
 
 Import-light: importing this module imports neither torch nor pydantic (pytest imports it at
 start-up for the options); the probe's modules load when the diagnosis is on.
@@ -15,23 +15,19 @@ start-up for the options); the probe's modules load when the diagnosis is on.
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_gputrain import options, scopes
+from pytest_gputrain import feature_plugins, options, scopes
 
 if TYPE_CHECKING:
     from pytest_gputrain.diagnose import Diagnosis
-    from pytest_gputrain.findings import Finding
-    from pytest_gputrain.probe.facts import RunFacts
     from pytest_gputrain.probe.failure_facts import FailureFacts
     from pytest_gputrain.probe.run import RunProbe
 
-SECTION = "gputrain diagnosis"
 PLUGIN_NAME = "gputrain-probe"
 DEFAULT_PROFILE_STEPS = "3-6"
 
@@ -47,6 +43,8 @@ OPTIONS: tuple[options.Option, ...] = (
         "test that torch.profiler records, e.g. 3-6 (default) or off",
         default=DEFAULT_PROFILE_STEPS, metavar="FIRST-LAST"),
 )
+# They tune the diagnosis: on the command line they turn it on (plugin.py reads this).
+DIAGNOSIS_OPTIONS = OPTIONS
 
 PLUGIN_KEY = pytest.StashKey["ProbePlugin"]()
 PROBE_KEY = pytest.StashKey["RunProbe"]()
@@ -100,18 +98,14 @@ def pytest_configure(config: pytest.Config) -> None:
     session = diagnosis(config)
     if session is None:
         return
-    plugin = ProbePlugin(config, session, settings)
-    config.stash[PLUGIN_KEY] = plugin
-    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    feature_plugins.register(config, PLUGIN_KEY, ProbePlugin(config, session, settings),
+                             PLUGIN_NAME)
     session.add_section("runs", lambda: _runs_section(session),
                         terminal=lambda width: _runs_lines(session, width))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    plugin = config.stash.get(PLUGIN_KEY, None)
-    if plugin is not None:
-        del config.stash[PLUGIN_KEY]
-        config.pluginmanager.unregister(plugin)
+    feature_plugins.unregister(config, PLUGIN_KEY)
 
 
 def _runs_section(session: Diagnosis) -> list[dict[str, Any]] | None:
@@ -130,19 +124,6 @@ def _runs_lines(session: Diagnosis, width: int) -> list[str]:
     from pytest_gputrain.probe.summary import runs_lines
 
     return runs_lines(runs, width=width)
-
-
-def section_text(findings: list[Finding], width: int = 100) -> str:
-    lines: list[str] = []
-    for finding in findings:
-        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.title}")
-        lines.append(textwrap.fill(finding.message, width=width, initial_indent="    ",
-                                   subsequent_indent="    "))
-        lines.append(textwrap.fill("fix: " + finding.fix, width=width, initial_indent="    ",
-                                   subsequent_indent="    "))
-        lines.append("")
-    lines.append("details: python -m pytest_gputrain explain CODE")
-    return "\n".join(lines)
 
 
 class ProbePlugin:
@@ -169,24 +150,31 @@ class ProbePlugin:
         probe.start()
         return probe
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, None]:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         try:
             probe = self._start(item)
         except Exception as exc:  # never let the probe break a test
             self.internal_errors.append(f"{item.nodeid}: probe start: {exc}")
             probe = None
-        outcome = yield
         if probe is None:
-            return
+            return (yield)
+        try:
+            result = yield
+        except BaseException as exc:  # the test failed (or was skipped): stop, then re-raise
+            self._stop(item, probe, exc)
+            raise
+        self._stop(item, probe, None)
+        return result
+
+    def _stop(self, item: pytest.Item, probe: RunProbe, error: BaseException | None) -> None:
         try:
             from pytest_gputrain.probe.failures import NO_CUDA_CALLS, classify_exception, snapshot
 
             state: dict[str, Any] = {}
             cuda_ok = True
-            excinfo = outcome.excinfo
-            if excinfo is not None:
-                kind = classify_exception(excinfo[1])
+            if error is not None:
+                kind = classify_exception(error)
                 cuda_ok = kind not in NO_CUDA_CALLS
                 state = snapshot(probe.torch, kind, probe.cuda_index)
             probe.stop(cuda_ok=cuda_ok)
@@ -195,19 +183,19 @@ class ProbePlugin:
         except Exception as exc:
             self.internal_errors.append(f"{item.nodeid}: probe stop: {exc}")
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item,
-                                  call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
-        outcome = yield
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
+                                  ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         try:
-            self._diagnose(item, call, outcome.get_result())
+            self._diagnose(item, call, report)
         except Exception as exc:
             self.internal_errors.append(f"{item.nodeid}: diagnosis: {type(exc).__name__}: {exc}")
+        return report
 
     def _diagnose(self, item: pytest.Item, call: pytest.CallInfo[None],
                   report: pytest.TestReport) -> None:
         probe = item.stash.get(PROBE_KEY, None) if call.when == "call" else None
-        run: RunFacts | None = None
         failure: FailureFacts | None = None
         if call.excinfo is not None and report.failed:
             from pytest_gputrain.probe.failures import build_failure, classify_exception, snapshot
@@ -219,25 +207,11 @@ class ProbePlugin:
             else:
                 state = snapshot(torch, classify_exception(exc), None)
             failure = build_failure(item.nodeid, call.when, exc, tb, probe, torch, state)
+        # The diagnosis judges them together when the report is made (a failure with its run).
         if probe is not None and probe.trained():
-            run = probe.facts()
-        if run is None and failure is None:
-            return
-        # Judged as recorded: the findings here are those a replay of the facts file gives.
-        findings: list[Finding] = []
-        env = self.session.environment
-        engine = self.session.engine
-        if run is not None:
-            run = self.session.add_record("run", run)
-            findings.extend(engine.evaluate_record("run", env, run))
+            self.session.add_test_record(item, "run", probe.facts())
         if failure is not None:
-            failure = self.session.add_record("failure", failure)
-            related = {"run": [run] if run is not None else []}
-            findings.extend(engine.evaluate_record("failure", env, failure, related))
-        if findings:
-            from pytest_gputrain.findings import sort_findings
-
-            report.sections.append((SECTION, section_text(sort_findings(findings))))
+            self.session.add_test_record(item, "failure", failure)
 
 
 def cpu_parametrized(item: pytest.Item) -> bool:

@@ -152,6 +152,12 @@ def compare_lines(report: GateReport) -> list[Line]:
     return lines
 
 
+def has_content(report: GateReport) -> bool:
+    """Whether the gate has anything to show (benchmarks, a comparison, notes, a saved run)."""
+    return bool(report.benchmarks or report.compare_spec or report.notes
+                or report.saved_run is not None)
+
+
 def terminal_lines(report: GateReport) -> list[Line]:
     """Lines for the pytest terminal summary."""
     lines: list[Line] = []
@@ -174,7 +180,18 @@ def terminal_lines(report: GateReport) -> list[Line]:
 
 
 def markdown(report: GateReport) -> str:
-    out = ["## GPU performance gate", ""]
+    """The gate for a CI summary (``GITHUB_STEP_SUMMARY``), under its own heading."""
+    return "\n".join(["## GPU performance gate", "", *_markdown_lines(report)]).rstrip() + "\n\n"
+
+
+def markdown_body(report: GateReport) -> str:
+    """The gate's verdict, comparisons, benchmarks and notes in Markdown, without a heading
+    (for a section of the diagnosis's Markdown report, under its ``###`` heading)."""
+    return "\n".join(_markdown_lines(report, "####")).strip() + "\n"
+
+
+def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
+    out: list[str] = []
     if report.baseline_runs:
         status = ("**Regression** :x:" if report.failed else "Passed :white_check_mark:")
         out.append(f"{status}: {headline(report)}. {_sides(report)}; {_rule(report)}.")
@@ -188,14 +205,31 @@ def markdown(report: GateReport) -> str:
     elif report.compare_spec:
         out.append(f"No saved run matches `{report.compare_spec}`: nothing compared.")
     if report.benchmarks:
-        out.extend(["", "### Benchmarks", "",
+        out.extend(["", f"{subheading} Benchmarks", "",
                     tabulate(benchmark_rows(report), headers=BENCH_HEADERS, tablefmt="github",
                              disable_numparse=True)])
     for note in report.notes:
         out.append(f"- {note}")
     if report.saved_run is not None:
         out.append(f"- saved {report.saved_run.label()}")
-    return "\n".join(out).rstrip() + "\n\n"
+    return out
+
+
+def report_section(report: GateReport) -> dict[str, Any]:
+    """The gate in the ``--gpu-report`` files: ``sections["benchmarks"]`` (docs/report-schema.md);
+    each comparison as in ``--gpu-benchmark-json``, and the Markdown the Markdown report
+    prints."""
+    return {
+        "compare": report.compare_spec,
+        "baseline_runs": [{"id": run.id, "name": run.name, "created_at": run.created_at,
+                           "commit": run.commit} for run in report.baseline_runs],
+        "failed": report.failed,
+        "summary": {v: report.count(v) for v in VERDICTS},
+        "comparisons": [c.to_json() for c in report.comparisons],
+        "notes": list(report.notes),
+        "saved_run_id": report.saved_run.id if report.saved_run else None,
+        "markdown": markdown_body(report),
+    }
 
 
 def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:

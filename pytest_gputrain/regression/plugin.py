@@ -5,34 +5,34 @@ twins.
 Kept light: importing this module imports neither torch, pydantic, sqlite3 nor psycopg, and a
 session that uses none of the options and no ``gpu_benchmark`` opens no store.
 
-xdist: each worker keeps its tests' results and hands them to the controller through
-``workeroutput`` when it finishes; the controller alone compares, saves (one run, one
-transaction) and reports, and sets the exit status.
+xdist: each worker keeps its tests' results and sends them to the controller when it finishes;
+the controller alone compares, saves (one run, one transaction) and reports, and sets the exit
+status. Under ``--gpu-diagnose`` the gate's verdict is also a section of the ``--gpu-report``
+files (``benchmarks``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.regression import settings as regression_settings
 from pytest_gputrain.regression.settings import RegressionSettings
-from pytest_gputrain.xdist import is_xdist_worker as _is_worker
+from pytest_gputrain.xdist import is_xdist_worker, send_to_controller, sent_by_worker
 
 if TYPE_CHECKING:
     from pytest_gputrain.regression.benchmark import GpuBenchmark
-    from pytest_gputrain.regression.compare import GateReport  # noqa: F401 (stash key type)
+    from pytest_gputrain.regression.compare import GateReport
 
+PLUGIN_NAME = "gputrain-regression"
+PLUGIN_KEY = pytest.StashKey["RegressionPlugin"]()
 WORKER_OUTPUT = "gputrain_benchmarks"
-
-settings_key = pytest.StashKey[RegressionSettings]()
-results_key = pytest.StashKey[list[dict[str, Any]]]()
-report_key = pytest.StashKey["GateReport"]()
-benchmark_key = pytest.StashKey["GpuBenchmark"]()
+# A test's ``gpu_benchmark`` (one per test), read when its report is made.
+BENCHMARK_KEY = pytest.StashKey["GpuBenchmark"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,12 +41,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     settings = regression_settings.read_settings(config)
-    config.stash[settings_key] = settings
-    config.stash[results_key] = []
-    if settings.uses_store and not _is_worker(config):
+    if settings.uses_store and not is_xdist_worker(config):
         from pytest_gputrain.regression.gate import check_store
 
         check_store(settings)
+    plugin = RegressionPlugin(config, settings)
+    feature_plugins.register(config, PLUGIN_KEY, plugin, PLUGIN_NAME)
+    if options.diagnosing(config):
+        from pytest_gputrain.diagnose import diagnosis
+
+        session = diagnosis(config)
+        if session is not None:
+            session.add_section("benchmarks", plugin.report_section)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    feature_plugins.unregister(config, PLUGIN_KEY)
 
 
 @pytest.fixture
@@ -63,7 +73,7 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
     """
     from pytest_gputrain.regression.benchmark import BenchmarkOptions, GpuBenchmark
 
-    settings = request.config.stash[settings_key]
+    settings = request.config.stash[PLUGIN_KEY].settings
     defaults = BenchmarkOptions()
     try:
         defaults = defaults.override(warmup=settings.warmup, min_rounds=settings.min_rounds,
@@ -71,82 +81,100 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_benchmark_*: {exc}") from None
     bench = GpuBenchmark(request.node.nodeid, defaults, disabled=settings.disable)
-    request.node.stash[benchmark_key] = bench
+    request.node.stash[BENCHMARK_KEY] = bench
     return bench
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture."""
-    if not config.stash[settings_key].skip:
-        return
-    marker = pytest.mark.skip(reason="uses gpu_benchmark (--gpu-benchmark-skip)")
-    for item in items:
-        if "gpu_benchmark" in getattr(item, "fixturenames", ()):
-            item.add_marker(marker)
+class RegressionPlugin:
+    """The gate of one session: its settings, the results of its benchmarks (a worker's, or on
+    the controller every worker's), and the gate's report once the session finished."""
 
+    def __init__(self, config: pytest.Config, settings: RegressionSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self.results: list[dict[str, Any]] = []
+        self.report: GateReport | None = None
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Watch for torch profilers once torch's profiler is loaded: one that ran earlier in the
-    process slows every later kernel launch, and a benchmark's result says so."""
-    if "torch.autograd.profiler" in sys.modules:
-        from pytest_gputrain.regression.conditions import watch_profiler
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture."""
+        if not self.settings.skip:
+            return
+        marker = pytest.mark.skip(reason="uses gpu_benchmark (--gpu-benchmark-skip)")
+        for item in items:
+            if "gpu_benchmark" in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
 
-        watch_profiler()
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Watch for torch profilers once torch's profiler is loaded: one that ran earlier in
+        the process slows every later kernel launch, and a benchmark's result says so."""
+        if "torch.autograd.profiler" in sys.modules:
+            from pytest_gputrain.regression.conditions import watch_profiler
 
+            watch_profiler()
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if call.when == "call":
-        bench = item.stash.get(benchmark_key, None)
-        if (bench is not None and bench.result is not None and not bench.result.disabled
-                and report.passed):
-            item.config.stash[results_key].append(bench.result.to_record())
-    return report
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
+                                  ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.when == "call":
+            bench = item.stash.get(BENCHMARK_KEY, None)
+            if (bench is not None and bench.result is not None and not bench.result.disabled
+                    and report.passed):
+                self.results.append(bench.result.to_record())
+        return report
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: collect the results a worker sent."""
+        self.results.extend(sent_by_worker(node, WORKER_OUTPUT, []))
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    """xdist controller: collect the results a worker sent back."""
-    text = (getattr(node, "workeroutput", None) or {}).get(WORKER_OUTPUT)
-    if text:
-        node.config.stash[results_key].extend(json.loads(text))
+    # tryfirst: the outermost wrapper, so the gate has run before the diagnosis (inside it)
+    # writes the --gpu-report files that show it.
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session,
+                             exitstatus: int) -> Generator[None, None, None]:
+        if is_xdist_worker(self.config):
+            if self.results:
+                send_to_controller(self.config, WORKER_OUTPUT, self.results)
+            return (yield)
+        self.report = self._run_gate(exitstatus)
+        result = yield
+        # After the inner hooks, the diagnosis's among them: a run the diagnosis found
+        # complete (a diagnosis without tests) still fails on a regression.
+        report = self.report
+        if (report is not None and (report.failed or report.errors)
+                and session.exitstatus == pytest.ExitCode.OK):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return result
 
+    def _run_gate(self, exitstatus: int) -> GateReport | None:
+        settings = self.settings
+        if self.config.option.collectonly:
+            return None
+        if not self.results and not settings.uses_store and settings.json_path is None:
+            return None
+        from pytest_gputrain.regression.gate import finish
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    if settings_key not in config.stash:
-        return
-    records = config.stash[results_key]
-    if _is_worker(config):
-        if records:
-            config.workeroutput[WORKER_OUTPUT] = json.dumps(records)  # type: ignore[attr-defined]
-        return
-    settings = config.stash[settings_key]
-    if config.option.collectonly:
-        return
-    if not records and not settings.uses_store and settings.json_path is None:
-        return
-    from pytest_gputrain.regression.gate import finish
+        interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
+        return finish(self.config, settings, self.results, save=not interrupted)
 
-    interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-    report = finish(config, settings, records, save=not interrupted)
-    config.stash[report_key] = report
-    if (report.failed or report.errors) and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # trylast: after the GPU tests' tally and the ladder tables, before the diagnosis.
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.report is None:
+            return
+        from pytest_gputrain.regression.output import has_content, terminal_lines
 
+        if has_content(self.report):
+            terminalreporter.section("gpu benchmarks")
+            for line, markup in terminal_lines(self.report):
+                terminalreporter.write_line(line, **markup)
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
-                            config: pytest.Config) -> None:
-    report = config.stash.get(report_key, None)
-    if report is None or (not report.benchmarks and not report.compare_spec
-                          and not report.notes and report.saved_run is None):
-        return
-    from pytest_gputrain.regression.output import terminal_lines
+    def report_section(self) -> dict[str, Any] | None:
+        """``sections["benchmarks"]`` of the --gpu-report files, when the gate ran."""
+        if self.report is None:
+            return None
+        from pytest_gputrain.regression.output import has_content, report_section
 
-    terminalreporter.section("gpu benchmarks")
-    for line, markup in terminal_lines(report):
-        terminalreporter.write_line(line, **markup)
+        return report_section(self.report) if has_content(self.report) else None

@@ -95,3 +95,21 @@ def findings_lines(findings: list[Finding], width: int = 100, verbose: bool = Fa
     lines.append("")
     lines.append("details: python -m pytest_gputrain explain CODE")
     return [printable(line) for line in lines]
+
+
+def section_for_test(findings: list[Finding], details: list[str], width: int = 100) -> str:
+    """A test report's "gputrain diagnosis" section: each finding (title, message, fix), then
+    the lines describing the test's records (its launches), then where to read more. Empty
+    when there is nothing to say."""
+    lines: list[str] = []
+    for finding in findings:
+        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.title}")
+        lines.append(_wrap(finding.message, width, "    "))
+        lines.append(_wrap("fix: " + finding.fix, width, "    "))
+        lines.append("")
+    lines.extend(details)
+    if findings:
+        if details:
+            lines.append("")
+        lines.append("details: python -m pytest_gputrain explain CODE")
+    return "\n".join(lines)
