@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_gputrain import outputs
 from pytest_gputrain.options import Option, read
 from pytest_gputrain.options import add_options as register
 from pytest_gputrain.units import parse_percent
@@ -253,11 +254,16 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     disable = bool(read(config, "gpu_benchmark_disable"))
     skip = bool(read(config, "gpu_benchmark_skip"))
     _check_untimed(disable, skip, save, compare)
+    json_path = _path(config, "gpu_benchmark_json")
+    outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
+                  [json_path] if json_path else [])
+    if isinstance(store, Path) and (save or compare):  # the store is written: no other output's
+        outputs.claim(config, "gpu_store / --gpu-store", [store])
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary,
         force=bool(read(config, "gpu_compare_force")),
-        json_path=_path(config, "gpu_benchmark_json"), store=store,
+        json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
         disable=disable, skip=skip,
     )
