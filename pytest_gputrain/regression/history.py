@@ -28,8 +28,12 @@ from pytest_gputrain.regression.store import (
     is_url,
 )
 from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.units import shown
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
+
+
+MAX_LIMIT = 1_000_000  # runs listed at most; a larger --limit is a typo (SQLite cannot hold it)
 
 
 class HistoryError(Exception):
@@ -44,7 +48,8 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "VRAM across runs (optionally as a PNG).")
     add_store_argument(parser)
     parser.add_argument("--name", help="only runs saved under this name")
-    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50, "
+                        f"at most {MAX_LIMIT})")
     parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
     parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
                         "VRAM across runs into PATH (needs matplotlib)")
@@ -89,8 +94,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     if args.png and not args.test:
         raise HistoryError("--png needs --test NODEID (the test to draw)")
-    if args.limit is not None and args.limit < 1:
-        raise HistoryError(f"--limit {args.limit} must be at least 1")
+    if args.limit is not None and not 1 <= args.limit <= MAX_LIMIT:
+        raise HistoryError(f"--limit {shown(args.limit)} must lie between 1 and {MAX_LIMIT}")
     with open_store(locate(args.store), create=False) as store:
         where = store.where
         if args.test:

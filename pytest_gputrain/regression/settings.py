@@ -17,7 +17,7 @@ import pytest
 from pytest_gputrain import outputs
 from pytest_gputrain.options import Option, read
 from pytest_gputrain.options import add_options as register
-from pytest_gputrain.units import parse_percent
+from pytest_gputrain.units import parse_percent, shown
 
 METRICS = ("step_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
@@ -30,6 +30,11 @@ DEFAULT_STEP_SUMMARY = "min"
 DEFAULT_STORE = ".gputrain/benchmarks.sqlite"
 RESERVED_NAMES = ("latest",)
 URL_SCHEMES = ("postgresql://", "postgres://")  # the store module's, without importing it
+# The most a benchmark may ask for: past these a value is a typo (a 400-digit warm-up would
+# run until the CI job times out), refused like any other bad value.
+MAX_WARMUP = 10_000
+MAX_ROUNDS = 100_000
+MAX_TIME_S = 3_600.0
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -62,14 +67,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
             "gpu_benchmark", kind="bool", default=False),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
-            "before timing (default 5)", metavar="N"),
+            f"before timing (default 5, at most {MAX_WARMUP})", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
-            "timed rounds (default 30)", metavar="N"),
+            f"timed rounds (default 30, at most {MAX_ROUNDS})", metavar="N"),
     Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
-            "timed rounds (default 100)", metavar="N"),
+            f"timed rounds (default 100, at most {MAX_ROUNDS})", metavar="N"),
     Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
-            "timed rounds after which no more are added beyond the minimum (default 5)",
-            metavar="SECONDS"),
+            "timed rounds after which no more are added beyond the minimum (default 5, at most "
+            f"{MAX_TIME_S:g})", metavar="SECONDS"),
 )
 
 
@@ -177,18 +182,23 @@ def parse_run_name(value: object, *, for_save: bool) -> str:
 
 
 def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: float,
-            example: str) -> Any:
+            maximum: float, example: str) -> Any:
     raw = read(config, ini)
     if raw is None or str(raw).strip() == "":
         return None
+    text = str(raw).strip()
+    out_of_range = _usage(ini, flag, f"{shown(raw)} must lie between {minimum:g} and "
+                          f"{maximum:g}; e.g. {example}")
+    if kind is int and len(text.lstrip("+-")) > len(str(int(maximum))):
+        raise out_of_range  # before int(), which refuses 4300 digits and is slow well before
     try:
-        value = kind(str(raw).strip())
+        value = kind(text)
     except ValueError:
-        raise _usage(ini, flag, f"{raw!r} is not a number; e.g. {example}") from None
+        raise _usage(ini, flag, f"{shown(raw)} is not a number; e.g. {example}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise _usage(ini, flag, f"{raw!r} is not a finite number; e.g. {example}")
-    if value < minimum:
-        raise _usage(ini, flag, f"{raw!r} must be >= {minimum:g}; e.g. {example}")
+        raise _usage(ini, flag, f"{shown(raw)} is not a finite number; e.g. {example}")
+    if not minimum <= value <= maximum:
+        raise out_of_range
     return value
 
 
@@ -240,13 +250,14 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     except ValueError as exc:
         raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
     store = _store(config)
-    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0, "5")
+    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0,
+                     MAX_WARMUP, "5")
     min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
-                         1, "30")
+                         1, MAX_ROUNDS, "30")
     max_rounds = _number(config, "gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds", int,
-                         1, "100")
+                         1, MAX_ROUNDS, "100")
     max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
-                       1e-6, "5")
+                       1e-6, MAX_TIME_S, "5")
     if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
         raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
                      f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
