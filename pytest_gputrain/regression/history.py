@@ -28,7 +28,7 @@ from pytest_gputrain.regression.store import (
     is_url,
 )
 from pytest_gputrain.regression.store_backends import open_store
-from pytest_gputrain.units import shown
+from pytest_gputrain.units import printable, shown
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
 
@@ -109,8 +109,8 @@ def _history(args: argparse.Namespace) -> int:
                 print(json.dumps([_entry_json(run, result) for run, result in entries],
                                  indent=2))
             else:
-                print(tabulate(_test_rows(entries), headers=TEST_HEADERS,
-                               disable_numparse=True))
+                print(printable(tabulate(_test_rows(entries), headers=TEST_HEADERS,
+                                         disable_numparse=True)))
             if args.png:
                 draw_png(args.test, entries, Path(args.png))
                 print(f"wrote {args.png}")
@@ -121,7 +121,8 @@ def _history(args: argparse.Namespace) -> int:
     elif not runs:
         print(f"no saved runs in {where}")
     else:
-        print(tabulate(_run_rows(runs), headers=RUN_HEADERS, disable_numparse=True))
+        print(printable(tabulate(_run_rows(runs), headers=RUN_HEADERS,
+                                 disable_numparse=True)))
     return 0
 
 

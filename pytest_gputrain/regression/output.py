@@ -10,7 +10,7 @@ from tabulate import tabulate
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
-from pytest_gputrain.units import format_bytes
+from pytest_gputrain.units import format_bytes, printable
 
 JSON_KIND = "pytest-gputrain-benchmarks"
 JSON_SCHEMA_VERSION = 2
@@ -159,7 +159,7 @@ def compare_lines(report: GateReport) -> list[Line]:
         lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
     else:
         lines.append((f"gate passed: {headline(report)}", {"green": True}))
-    return lines
+    return [(printable(text), markup) for text, markup in lines]  # names from the store
 
 
 def terminal_lines(report: GateReport) -> list[Line]:
@@ -180,7 +180,7 @@ def terminal_lines(report: GateReport) -> list[Line]:
     if report.saved_run is not None:
         lines.append((f"saved {report.saved_run.label()} with "
                       f"{report.saved_run.result_count} result(s)", {}))
-    return lines
+    return [(printable(text), markup) for text, markup in lines]
 
 
 def markdown(report: GateReport) -> str:
@@ -205,7 +205,7 @@ def markdown(report: GateReport) -> str:
         out.append(f"- {note}")
     if report.saved_run is not None:
         out.append(f"- saved {report.saved_run.label()}")
-    return "\n".join(out).rstrip() + "\n\n"
+    return printable("\n".join(out).rstrip() + "\n\n")
 
 
 def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
