@@ -5,6 +5,7 @@ A malformed rule file is a ``RuleFileError`` naming the file, the field and the 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 from pytest_gputrain import scopes
 from pytest_gputrain.engine.config import CODE_RE
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
+from pytest_gputrain.jsonfile import InputFileError, read_limited
 from pytest_gputrain.severity import SEVERITY_RANK
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -76,11 +78,15 @@ def _require(data: dict[str, Any], key: str, kind: type | tuple[type, ...], path
 
 
 def load_rule_file(path: Path) -> Rule:
+    if path.exists() and not path.is_file():  # a FIFO would wait for a writer forever
+        raise RuleFileError(f"{path}: not a regular file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_limited(path).decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleFileError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except InputFileError as exc:
+        raise RuleFileError(str(exc)) from None
+    except UnicodeDecodeError as exc:
         raise RuleFileError(f"{path}: cannot be read: {exc}") from None
     unknown = sorted(set(data) - set(REQUIRED) - set(OPTIONAL))
     if unknown:
@@ -126,6 +132,12 @@ def load_rule_file(path: Path) -> Rule:
             raise RuleFileError(
                 f"{path}: params.{key} must be a number, string or boolean, got {value!r}"
             )
+        if isinstance(value, float) and not math.isfinite(value):
+            # TOML has nan and inf; no threshold compares true with nan, so the rule would
+            # never fire (--gpu-rule-param refuses them too).
+            raise RuleFileError(
+                f"{path}: rule {values['code']}: params.{key} = {value!r} is not a finite "
+                "number; give a threshold such as 0.5")
     if not isinstance(docs, dict) or not all(isinstance(v, str) for v in docs.values()):
         raise RuleFileError(f"{path}: field 'docs' must be a table of strings")
     bad_docs = sorted(set(docs) - set(DOC_SECTIONS))
