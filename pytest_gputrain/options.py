@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain import outputs
-
 FAIL_ON = ("error", "warning", "never")
 REPORT_FORMATS = ("json", "md")
 
@@ -205,8 +203,12 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
         facts_path = resolve_path(str(facts_out), base) if facts_out else None
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
-    outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
-    outputs.claim(config, "gpu_facts_out / --gpu-facts-out", [facts_path] if facts_path else [])
+    if reports or facts_path:  # loaded only then: a plain run does not pay for it
+        from pytest_gputrain import outputs
+
+        outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
+        outputs.claim(config, "gpu_facts_out / --gpu-facts-out",
+                      [facts_path] if facts_path else [])
     return Settings(
         diagnose=diagnosis_requested(config, table),
         reports=reports,

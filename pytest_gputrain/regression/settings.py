@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain import outputs
 from pytest_gputrain.options import Option, read
 from pytest_gputrain.options import add_options as register
 from pytest_gputrain.units import parse_percent, shown
@@ -266,10 +265,13 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     skip = bool(read(config, "gpu_benchmark_skip"))
     _check_untimed(disable, skip, save, compare)
     json_path = _path(config, "gpu_benchmark_json")
-    outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
-                  [json_path] if json_path else [])
-    if isinstance(store, Path) and (save or compare):  # the store is written: no other output's
-        outputs.claim(config, "gpu_store / --gpu-store", [store])
+    written_store = store if isinstance(store, Path) and (save or compare) else None
+    if json_path or written_store:  # loaded only then: a plain run does not pay for it
+        from pytest_gputrain import outputs
+
+        outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
+                      [json_path] if json_path else [])
+        outputs.claim(config, "gpu_store / --gpu-store", [written_store] if written_store else [])
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary,
