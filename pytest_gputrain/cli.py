@@ -28,7 +28,7 @@ from pytest_gputrain.engine.config import SettingError, build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
-from pytest_gputrain.options import FAIL_ON, parse_fail_on
+from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on
 from pytest_gputrain.plugin import load_features
 from pytest_gputrain.project_settings import (
     ProjectSettings,
@@ -202,15 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def rule_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--select", action="append", help="rule codes or prefixes to run "
-                       "(instead of the ini file's gpu_select)")
-        p.add_argument("--ignore", action="append", help="rule codes or prefixes to skip "
-                       "(instead of gpu_ignore)")
-        p.add_argument("--severity", action="append", metavar="CODE=LEVEL",
+        # An empty value is a usage error, as for pytest's --gpu-* options.
+        p.add_argument("--select", action="append", type=not_empty, help="rule codes or "
+                       "prefixes to run (instead of the ini file's gpu_select)")
+        p.add_argument("--ignore", action="append", type=not_empty, help="rule codes or "
+                       "prefixes to skip (instead of gpu_ignore)")
+        p.add_argument("--severity", action="append", type=not_empty, metavar="CODE=LEVEL",
                        help="instead of gpu_severity")
-        p.add_argument("--rule-param", action="append", metavar="CODE.PARAM=VALUE",
-                       help="instead of gpu_rule_params")
-        p.add_argument("--rules-dir", action="append", metavar="DIR",
+        p.add_argument("--rule-param", action="append", type=not_empty,
+                       metavar="CODE.PARAM=VALUE", help="instead of gpu_rule_params")
+        p.add_argument("--rules-dir", action="append", type=not_empty, metavar="DIR",
                        help="extra rule folder (instead of gpu_rules_dirs)")
         p.add_argument("--rootdir", metavar="DIR", help="the project's rootdir, as pytest's "
                        "--rootdir (default: found from the current directory, as pytest does)")

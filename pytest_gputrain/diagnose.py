@@ -303,13 +303,13 @@ class DiagnoseSession(Diagnosis):
     def _write_outputs(self, findings: list[Finding] | None) -> list[Output]:
         """Every report and the facts file: each that can be written is, whatever happens to
         the others (a bad path, Ctrl-C); the failures are listed, not raised."""
-        from pytest_gputrain.report.files import append_text, write_atomically
+        from pytest_gputrain.outputs import append_text, write_output
 
         outputs: list[Output] = []
 
         def attempt(what: str, path: Path, text: Callable[[], str], append: bool) -> None:
             try:
-                (append_text if append else write_atomically)(path, text())
+                (append_text if append else write_output)(path, text())
                 outputs.append(Output(what, path))
             except OSError as exc:
                 outputs.append(Output(what, path, exc.strerror or str(exc)))

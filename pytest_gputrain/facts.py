@@ -34,19 +34,21 @@ ComputeMode = Literal["default", "exclusive_thread", "prohibited", "exclusive_pr
 
 
 # Sizes and counts are never negative: a facts file that says so is refused, not judged. A
-# field of these units that is a difference (a growth) says ``signed=True``.
+# field of these units that is a difference (a growth) says ``signed=True``; a count without a
+# unit (GPUs, processes, an index, a version number, a bitmask) says ``count=True``.
 NON_NEGATIVE_UNITS = ("bytes", "CPUs", "lanes")
 
 
 def fact(unit: str | None = None, doc: str = "", default: Any = None,
-         signed: bool = False) -> Any:
+         signed: bool = False, count: bool = False) -> Any:
     """A fact field: unknown (``None``) by default, with its unit recorded in the JSON schema.
 
-    A number of a unit in ``NON_NEGATIVE_UNITS`` must be 0 or more unless ``signed`` (only
-    for a single number: a list of them is not checked).
+    A number of a unit in ``NON_NEGATIVE_UNITS``, or a ``count``, must be 0 or more unless
+    ``signed`` (only for a single number: a list of them is not checked).
     """
     extra: dict[str, Any] | None = {"unit": unit} if unit else None
-    bounds: dict[str, Any] = {"ge": 0} if unit in NON_NEGATIVE_UNITS and not signed else {}
+    non_negative = (count or unit in NON_NEGATIVE_UNITS) and not signed
+    bounds: dict[str, Any] = {"ge": 0} if non_negative else {}
     return Field(default=default, description=doc, json_schema_extra=extra, **bounds)
 
 
@@ -77,21 +79,23 @@ class NvmlFacts(FactGroup):
     driver_version: str | None = fact(doc="NVIDIA driver version, e.g. 580.159.04")
     cuda_driver_version: str | None = fact(doc="highest CUDA version the driver supports, '13.0'")
     nvml_version: str | None = fact(doc="NVML library version")
-    device_count: int | None = fact(doc="GPUs NVML sees (ignores CUDA_VISIBLE_DEVICES)")
+    device_count: int | None = fact(doc="GPUs NVML sees (ignores CUDA_VISIBLE_DEVICES)", count=True)
 
 
 class GpuProcess(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    pid: int
+    pid: int = Field(ge=0)
     name: str | None = None
     used_memory: int | None = fact("bytes", "GPU memory held by the process")
     own: bool = fact(doc="this test session's process (or one of its children)", default=False)
 
 
 class DeviceFacts(FactGroup):
-    index: int = fact(doc="NVML index (physical order, not CUDA_VISIBLE_DEVICES order)", default=0)
-    torch_index: int | None = fact(doc="index as torch numbers it (cuda:N), if visible to torch")
+    index: int = fact(
+        doc="NVML index (physical order, not CUDA_VISIBLE_DEVICES order)", default=0, count=True)
+    torch_index: int | None = fact(
+        doc="index as torch numbers it (cuda:N), if visible to torch", count=True)
     name: str | None = fact(doc="product name")
     uuid: str | None = fact(doc="GPU UUID")
     pci_bus_id: str | None = fact(doc="PCI bus id")
@@ -108,20 +112,23 @@ class DeviceFacts(FactGroup):
     utilization_gpu: float | None = fact("%", "time with a kernel running, last sample period")
     sm_clock: float | None = fact("MHz", "current SM clock")
     sm_clock_max: float | None = fact("MHz", "maximum SM clock")
-    clock_event_reasons: int | None = fact(doc="NVML clock event (throttle) reason bitmask")
+    clock_event_reasons: int | None = fact(
+        doc="NVML clock event (throttle) reason bitmask", count=True)
     throttle_reasons: list[str] | None = fact(doc="decoded active clock event reasons")
     throttle_sw_power_cap: bool | None = fact(doc="clocks held down by the software power cap")
     throttle_hw_slowdown: bool | None = fact(doc="hardware slowdown (power brake or overheating)")
     throttle_sw_thermal: bool | None = fact(doc="software thermal slowdown")
     throttle_hw_thermal: bool | None = fact(doc="hardware thermal slowdown")
     throttle_hw_power_brake: bool | None = fact(doc="hardware power brake (external signal)")
-    pcie_gen: int | None = fact(doc="current PCIe link generation")
-    pcie_gen_max: int | None = fact(doc="maximum PCIe generation of GPU and slot together")
+    pcie_gen: int | None = fact(doc="current PCIe link generation", count=True)
+    pcie_gen_max: int | None = fact(
+        doc="maximum PCIe generation of GPU and slot together", count=True)
     pcie_width: int | None = fact("lanes", "current PCIe link width")
     pcie_width_max: int | None = fact("lanes", "maximum PCIe link width")
     ecc_enabled: bool | None = fact(doc="ECC mode on")
-    ecc_uncorrected_volatile: int | None = fact(doc="uncorrectable ECC errors since driver load")
-    retired_pages: int | None = fact(doc="pages retired for ECC errors (older GPUs)")
+    ecc_uncorrected_volatile: int | None = fact(
+        doc="uncorrectable ECC errors since driver load", count=True)
+    retired_pages: int | None = fact(doc="pages retired for ECC errors (older GPUs)", count=True)
     retired_pages_pending: bool | None = fact(doc="a page retirement waits for a GPU reset")
     remapped_rows_pending: bool | None = fact(doc="a row remap waits for a GPU reset")
     remapped_rows_failed: bool | None = fact(doc="a row remap failed")
@@ -129,7 +136,8 @@ class DeviceFacts(FactGroup):
     mig_enabled: bool | None = fact(doc="MIG mode on")
     persistence_mode: bool | None = fact(doc="persistence mode on")
     processes: list[GpuProcess] | None = fact(doc="compute processes on the GPU")
-    other_process_count: int | None = fact(doc="compute processes other than this session's")
+    other_process_count: int | None = fact(
+        doc="compute processes other than this session's", count=True)
     other_process_memory: int | None = fact("bytes", "memory held by other processes")
 
 
@@ -144,13 +152,14 @@ class DeviceSample(BaseModel):
     power_draw: float | None = fact("W", "power draw")
     temperature: float | None = fact("°C", "GPU temperature")
     sm_clock: float | None = fact("MHz", "SM clock")
-    clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask")
+    clock_event_reasons: int | None = fact(doc="NVML clock event reason bitmask", count=True)
     process_memory: int | None = fact(
         "bytes", "GPU memory held by the processes a sampler was asked to follow (else unknown)")
     other_process_memory: int | None = fact(
         "bytes", "GPU memory held by processes outside the session a sampler was given (else "
                  "unknown; also unknown when NVML lists this process under another PID)")
-    other_process_count: int | None = fact(doc="processes outside that session on the GPU")
+    other_process_count: int | None = fact(
+        doc="processes outside that session on the GPU", count=True)
 
 
 class TorchFacts(FactGroup):
@@ -161,9 +170,10 @@ class TorchFacts(FactGroup):
     hip_version: str | None = fact(doc="ROCm/HIP version for ROCm builds")
     cuda_available: bool | None = fact(doc="torch.cuda.is_available()")
     cuda_init_error: str | None = fact(doc="what torch said when CUDA did not initialise")
-    device_count: int | None = fact(doc="devices torch sees (after CUDA_VISIBLE_DEVICES)")
+    device_count: int | None = fact(
+        doc="devices torch sees (after CUDA_VISIBLE_DEVICES)", count=True)
     arch_list: list[str] | None = fact(doc="architectures the build has kernels for, sm_90 ...")
-    cudnn_version: int | None = fact(doc="cuDNN version, e.g. 91002")
+    cudnn_version: int | None = fact(doc="cuDNN version, e.g. 91002", count=True)
     cudnn_enabled: bool | None = fact(doc="torch.backends.cudnn.enabled")
     cudnn_benchmark: bool | None = fact(doc="torch.backends.cudnn.benchmark")
     cudnn_deterministic: bool | None = fact(doc="torch.backends.cudnn.deterministic")
@@ -216,8 +226,8 @@ TopologyLevel = Literal["internal", "single", "multiple", "hostbridge", "node", 
 class GpuPairFacts(FactGroup):
     """How two GPUs reach each other (NVML indices)."""
 
-    a: int
-    b: int
+    a: int = Field(ge=0)
+    b: int = Field(ge=0)
     common_ancestor: TopologyLevel | None = fact(
         doc="closest common PCIe ancestor: internal (same board), single / multiple (PCIe "
             "switches), hostbridge (a CPU's PCIe host bridge), node (host bridges of one NUMA "
@@ -231,10 +241,12 @@ class GpuPairFacts(FactGroup):
 class TopologyFacts(FactGroup):
     """How the GPUs are linked (NVML topology and P2P status), over the GPUs torch can use."""
 
-    gpu_count: int | None = fact(doc="GPUs the topology covers (those torch sees, else all)")
-    pair_count: int | None = fact(doc="GPU pairs examined")
+    gpu_count: int | None = fact(
+        doc="GPUs the topology covers (those torch sees, else all)", count=True)
+    pair_count: int | None = fact(doc="GPU pairs examined", count=True)
     pairs: list[GpuPairFacts] | None = fact(doc="every GPU pair")
-    nvlink_pair_count: int | None = fact(doc="pairs that can talk peer-to-peer over NVLink")
+    nvlink_pair_count: int | None = fact(
+        doc="pairs that can talk peer-to-peer over NVLink", count=True)
     nvlink_active_links: list[int | None] | None = fact(
         doc="active NVLink links per GPU (None where NVML answers NotSupported)")
     gpu_pairs_without_p2p: list[str] | None = fact(

@@ -1,5 +1,11 @@
 """Read a JSON file a user hands to the command line (a facts file), with limits.
 
+No input file is read past :func:`input_limit` bytes (256 MiB unless ``GPUTRAIN_MAX_INPUT_SIZE``
+says otherwise), counted while it is read: ``replay /dev/zero`` stops there with an error
+naming the file and the limit, rather than reading until the kernel kills the process (a
+device or a pipe has no size to check beforehand). :func:`read_limited` is that reader, for
+rule files too.
+
 Facts files are written by ``--gpu-facts-out``, but the one given to ``replay`` may have been
 edited by hand, cut short or made by someone else. ``json.loads`` alone turns some of those into
 crashes far from the file: a ``RecursionError`` for ``[[[[…`` nested thousands deep, a
@@ -14,11 +20,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from pytest_gputrain.units import shown
+from pytest_gputrain.units import format_bytes, parse_size, shown
 
 # No fact is larger than a 64-bit integer (bytes, counts, nanoseconds); neither NVML nor torch
 # reports one. 20 characters: 19 digits and a sign.
@@ -30,8 +37,55 @@ _LARGE_EXPONENT = re.compile(r"[eE]\+?[0-9]{3}")  # 1e400 is infinity; below e10
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+# A facts file of 20,000 runs is about 60 MB; no rule file comes near a megabyte.
+DEFAULT_INPUT_LIMIT = 256 * 2**20
+INPUT_LIMIT_VARIABLE = "GPUTRAIN_MAX_INPUT_SIZE"
+
+
 class JsonFileError(ValueError):
     """The file cannot be read as JSON within the limits; the message names the file."""
+
+
+class InputFileError(ValueError):
+    """An input file cannot be read, or is larger than the limit; the message names it."""
+
+
+def input_limit() -> int:
+    """The most bytes an input file may hold: ``GPUTRAIN_MAX_INPUT_SIZE`` (a size such as
+    ``1GiB``) when set, else 256 MiB; ValueError naming the variable for a bad value."""
+    text = os.environ.get(INPUT_LIMIT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_INPUT_LIMIT
+    try:
+        limit = parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{INPUT_LIMIT_VARIABLE}: {exc}") from None
+    if limit < 1:
+        raise ValueError(f"{INPUT_LIMIT_VARIABLE}: {shown(text)} must be at least 1 byte; e.g. "
+                         "1GiB")
+    return limit
+
+
+def read_limited(path: Path) -> bytes:
+    """The bytes of ``path``, read up to :func:`input_limit`; :class:`InputFileError` naming
+    the file when it is missing, unreadable or larger."""
+    try:
+        limit = input_limit()
+    except ValueError as exc:
+        raise InputFileError(f"{path}: not read: {exc}") from None
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(limit + 1)
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        shown_limit = format_bytes(limit).replace(".0 ", " ")
+        raise InputFileError(f"{path}: larger than {shown_limit} ({limit} bytes), the "
+                             f"most an input file may hold; set {INPUT_LIMIT_VARIABLE} (e.g. "
+                             "1GiB) to read a larger one")
+    return data
 
 
 class _OutOfRange(ValueError):
@@ -88,11 +142,9 @@ def _replace_lone_surrogates(data: Any) -> Any:
 def read_json(path: Path) -> Any:
     """The parsed content of ``path``; raises :class:`JsonFileError` naming the file."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise JsonFileError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise JsonFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        raw = read_limited(path)
+    except InputFileError as exc:
+        raise JsonFileError(str(exc)) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

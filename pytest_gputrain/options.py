@@ -9,6 +9,7 @@ feature declares its own table next to its hooks (``probe/plugin.py``, ``asserti
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,8 +82,18 @@ GROUP = "gputrain"
 GROUP_DESCRIPTION = "GPU training diagnosis and assertions (pytest-gputrain)"
 
 
+def not_empty(value: str) -> str:
+    """A command-line value as given; an empty one (``--gpu-fail-on=``) is a typo, not "unset":
+    argparse makes it a usage error naming the option."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty value is not a setting: give a value, or "
+                                         "leave the option out for its default")
+    return value
+
+
 def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> None:
-    """Register each option on the command line and as its ini twin (every feature uses this)."""
+    """Register each option on the command line and as its ini twin (every feature uses this).
+    A value on the command line may not be empty; in the ini file an empty value is unset."""
     group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
     for option in table:
         cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
@@ -92,11 +103,11 @@ def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> N
             parser.addini(option.ini, option.help, type="bool", default=option.default)
         elif option.kind == "args":
             group.addoption(option.flag, action="append", default=None, dest=option.ini,
-                            metavar=option.metavar, help=cli_help)
+                            metavar=option.metavar, help=cli_help, type=not_empty)
             parser.addini(option.ini, option.help, type="args", default=option.default)
         else:
             group.addoption(option.flag, action="store", default=None, dest=option.ini,
-                            metavar=option.metavar, help=cli_help)
+                            metavar=option.metavar, help=cli_help, type=not_empty)
             parser.addini(option.ini, option.help, type="string", default=option.default)
 
 
@@ -211,6 +222,12 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
         facts_path = resolve_path(str(facts_out), base) if facts_out else None
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
+    if reports or facts_path:  # loaded only then: a plain run does not pay for it
+        from pytest_gputrain import outputs
+
+        outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
+        outputs.claim(config, "gpu_facts_out / --gpu-facts-out",
+                      [facts_path] if facts_path else [])
     return Settings(
         diagnose=diagnosis_requested(config, table),
         reports=reports,

@@ -47,13 +47,24 @@ MAX_SIZE_TEXT = "1 EiB (2**60 bytes)"
 
 # C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (an escape
 # sequence that clears the screen, moves the cursor, rewrites the title) rather than prints.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# And the invisible marks that reorder or break text where it is shown (Trojan Source,
+# CVE-2021-42574): the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+# U+2066-U+2069), the direction marks (U+200E, U+200F, U+061C) and the line and paragraph
+# separators (U+2028, U+2029).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e"
+                      "\u2066-\u2069]")
+
+
+def _written_out(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
-    """``text`` with every terminal control character written out (``\\x1b``), so that a
-    string from a facts file, a rule file or the environment prints as itself."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+    """``text`` with every terminal control character and bidirectional mark written out
+    (``\\x1b``, ``\\u202e``), so that a string from a facts file, a rule file or the
+    environment prints as itself. The one filter of what the terminal and Markdown show."""
+    return _CONTROL.sub(lambda match: _written_out(match.group()), text)
 
 
 def shown(value: object, limit: int = 40) -> str:

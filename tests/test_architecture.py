@@ -21,8 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 # Bottom to top; a module may import its own layer and the layers below it. Keys are the names
 # under pytest_gputrain ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
-                              "severity", "options", "xdist", "hookspecs", "versions",
+    ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "outputs", "scopes", "facts",
+                              "findings", "severity", "options", "xdist", "hookspecs", "versions",
                               "percentiles", "project_settings", "feature_plugins"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),

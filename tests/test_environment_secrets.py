@@ -32,3 +32,48 @@ def test_secrets_stay_out_of_the_header_reports_and_facts_file(
         for name, value in SECRETS.items():
             assert value not in text, f"{name}'s value is in the {where}"
         assert "<redacted>" in text, where
+
+
+# -- credentials inside the values that are kept --------------------------------------------------
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("https://user:pw-9d1c@host/trace", "https://<redacted>@host/trace"),
+    ("https://token-9d1c@host:8443/x?y=1", "https://<redacted>@host:8443/x?y=1"),
+    ("http://p@ss:w@rd-9d1c@host/x", "http://<redacted>@host/x"),  # an "@" in the password
+    ("s3://key:secret-9d1c@bucket/a,https://u:p-9d1c@h/b",
+     "s3://<redacted>@bucket/a,https://<redacted>@h/b"),
+    ("/tmp/trace", "/tmp/trace"), ("user@host", "user@host"),
+    ("https://host/path/a@b", "https://host/path/a@b"),  # an "@" in the path is no user-info
+])
+def test_user_info_of_urls_is_redacted(value: str, expected: str) -> None:
+    from pytest_gputrain.collect.environment_variables import without_credentials
+
+    assert without_credentials(value) == expected
+
+
+def test_redaction_is_linear_in_the_value() -> None:
+    import time
+
+    from pytest_gputrain.collect.environment_variables import without_credentials
+
+    for value in ("://a" * 50_000 + "@", "a://" + "b" * 200_000 + "@", "://" + "@" * 200_000):
+        started = time.perf_counter()
+        without_credentials(value)
+        assert time.perf_counter() - started < 1.0
+
+
+def test_a_credential_in_an_allowed_url_value_stays_out_of_every_output(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_TRACE", "https://ci-bot:tok-5e7a91@traces.example.com/run/1")
+    pytester.makepyfile("def test_ok(): pass")
+    result = pytester.runpytest("--gpu-diagnose", "--gpu-fail-on=never",
+                                "--gpu-report=report.json", "--gpu-report=report.md",
+                                "--gpu-facts-out=facts.json")
+    assert result.ret == 0
+    outputs = {"terminal": result.stdout.str()}
+    outputs.update({name: (pytester.path / name).read_text()
+                    for name in ("report.json", "report.md", "facts.json")})
+    for where, text in outputs.items():
+        assert "tok-5e7a91" not in text and "ci-bot" not in text, where
+        assert "https://<redacted>@traces.example.com/run/1" in text, where

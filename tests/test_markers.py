@@ -641,6 +641,11 @@ def test_junit_xml_gets_peak_vram_and_mean_utilization(pytester: pytest.Pytester
     ("min_utilization(50, interval=0)", "min_utilization: interval: 0 is outside 1 ms to 10 s*"),
     ("min_utilization(50, warmpu=1)",
      "min_utilization: unknown argument 'warmpu' (did you mean 'warmup'?)*"),
+    # gpu only selects tests: gpu(2) reads as "two GPUs" and used to be ignored.
+    ("gpu(2)", "gpu: takes no arguments, got (2): it only marks a GPU test (for `-m gpu`); to "
+     "need 2 GPUs write @pytest.mark.requires_cuda(min_devices=2)"),
+    ('gpu(devices=4, name="x")', "gpu: takes no arguments, got (devices=4, name='x'): *"
+     "@pytest.mark.requires_cuda(min_devices=2)"),
     ("requires_cuda(2)", "requires_cuda: too many positional arguments (2,): keyword arguments "
      "only; e.g. @pytest.mark.requires_cuda(min_devices=1*"),
     ('requires_cuda(min_capability="eight")',

@@ -461,7 +461,7 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
     (["--gpu-save=latest"], "*gpu_save / --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
      "*10 is below gpu_benchmark_min_rounds 50*"),
-    (["--gpu-benchmark-warmup=-1"], "*'-1' must be >= 0*"),
+    (["--gpu-benchmark-warmup=-1"], "*'-1' must lie between 0 and 10000*"),
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
     (["--gpu-store=mysql://db/x"], "*gpu_store / --gpu-store: 'mysql':// is not a store*"
                                    "postgresql://*"),

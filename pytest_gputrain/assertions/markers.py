@@ -334,6 +334,8 @@ def build_spec(marks: Iterable[tuple[str, tuple[Any, ...], Mapping[str, Any]]],
         if name not in GPU_MARKERS:
             continue
         is_gpu = True
+        if name == GPU and (args or kwargs):
+            raise MarkerError(_gpu_takes_no_arguments(args, kwargs))
         if name == REQUIRES_CUDA:
             requires.append(parse_requires_cuda(*args, **kwargs))
         elif name == MAX_VRAM:
@@ -351,6 +353,17 @@ def build_spec(marks: Iterable[tuple[str, tuple[Any, ...], Mapping[str, Any]]],
         min_utilization=min_util,
         fixtures=fixtures,
     )
+
+
+def _gpu_takes_no_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """``gpu`` only selects (``-m gpu``); ``gpu(2)`` reads as "two GPUs" and was ignored."""
+    given = ", ".join([shown(arg) for arg in args]
+                      + [f"{key}={shown(value)}" for key, value in kwargs.items()])
+    count = args[0] if len(args) == 1 and not kwargs and type(args[0]) is int else None
+    devices = count if count is not None and 1 <= count <= 4096 else 2
+    return (f"{GPU}: takes no arguments, got ({given}): it only marks a GPU test (for "
+            f"`-m gpu`); to need {devices} GPUs write "
+            f"@pytest.mark.{REQUIRES_CUDA}(min_devices={devices})")
 
 
 def describe_size(value: int) -> str:

@@ -10,13 +10,18 @@ variable of those prefixes keeps its name (it may matter that it is set) with th
 reviewed yet. A deny-list of secret-looking words cannot know every such name; this list does
 not need to.
 
+A value that is kept may still hold a URL with credentials in it (``TORCH_TRACE`` can name a
+remote folder, ``https://user:token@host/...``): the user-info part of every URL in a kept
+value is replaced (``https://<redacted>@host/...``) by ``without_credentials``.
+
 ``relevant_variables`` is the one filter: the collector and the distributed launcher's record
-both use it.
+both use it, and ``read_environment`` reads every fact from its result.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from pytest_gputrain.facts import EnvFacts
@@ -95,11 +100,24 @@ ALLOWED = frozenset({
 })
 
 
+# "scheme://" then the user-info: anything up to the last "@" before the host ends (at "/",
+# "?", "#" or a space). Anchored on "://", so each match stops at the next URL's "//": linear
+# in the value's length.
+_USER_INFO = re.compile(r"://[^/?#\s]*@")
+
+
+def without_credentials(value: str) -> str:
+    """``value`` with the user-info of every URL in it (``user:password@``) redacted."""
+    if "@" not in value:
+        return value
+    return _USER_INFO.sub(f"://{REDACTED}@", value)
+
+
 def relevant_variables(environ: Mapping[str, str],
                        prefixes: tuple[str, ...] = READ_PREFIXES) -> dict[str, str]:
     """The variables whose names start with ``prefixes``, sorted by name: the value of an
-    allowed setting as it is, any other value as ``<redacted>``."""
-    return {name: value if name in ALLOWED else REDACTED
+    allowed setting without credentials in URLs, any other value as ``<redacted>``."""
+    return {name: without_credentials(value) if name in ALLOWED else REDACTED
             for name, value in sorted(environ.items()) if name.startswith(prefixes)}
 
 
@@ -137,17 +155,18 @@ def compile_debug_settings(environ: Mapping[str, str]) -> list[str]:
 
 
 def read_environment(environ: Mapping[str, str] | None = None) -> EnvFacts:
-    environ = os.environ if environ is None else environ
-    variables = relevant_variables(environ)
+    # Every fact is read from the kept values (all of these names are allowed), so that what
+    # the reports print has been filtered once.
+    variables = relevant_variables(os.environ if environ is None else environ)
     return EnvFacts(
         variables=variables,
-        cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
-        cuda_launch_blocking=environ.get("CUDA_LAUNCH_BLOCKING", "").strip() not in ("", "0"),
-        pytorch_cuda_alloc_conf=environ.get("PYTORCH_CUDA_ALLOC_CONF")
-        or environ.get("PYTORCH_ALLOC_CONF"),
+        cuda_visible_devices=variables.get("CUDA_VISIBLE_DEVICES"),
+        cuda_launch_blocking=variables.get("CUDA_LAUNCH_BLOCKING", "").strip() not in ("", "0"),
+        pytorch_cuda_alloc_conf=variables.get("PYTORCH_CUDA_ALLOC_CONF")
+        or variables.get("PYTORCH_ALLOC_CONF"),
         nccl_variables={name: value for name, value in variables.items()
                         if name.startswith("NCCL_")},
-        cuda_memory_caching_disabled=_truthy(environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING"))
-        or _truthy(environ.get("PYTORCH_NO_HIP_MEMORY_CACHING")),
-        compile_debug_settings=compile_debug_settings(environ),
+        cuda_memory_caching_disabled=_truthy(variables.get("PYTORCH_NO_CUDA_MEMORY_CACHING"))
+        or _truthy(variables.get("PYTORCH_NO_HIP_MEMORY_CACHING")),
+        compile_debug_settings=compile_debug_settings(variables),
     )

@@ -9,20 +9,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from pytest_gputrain.collect.torch_import import import_torch
 from pytest_gputrain.facts import TorchFacts
-
-
-def _import_torch() -> tuple[Any, str | None]:
-    try:
-        import torch
-    except Exception as exc:  # ImportError, or a broken install raising OSError
-        return None, f"torch cannot be imported: {type(exc).__name__}: {exc}"
-    return torch, None
 
 
 def read_torch() -> TorchFacts:
     facts = TorchFacts()
-    torch, reason = _import_torch()
+    torch, reason = import_torch()
     if torch is None:
         facts.reason = reason
         for field in ("version", "cuda_version", "cuda_available", "device_count", "arch_list"):
@@ -97,7 +90,7 @@ def _read_backends(torch: Any, facts: TorchFacts) -> None:
 
 def torch_device_uuids() -> dict[int, str]:
     """``{cuda index: uuid}`` for the devices torch sees (used to map them to NVML indices)."""
-    torch, _ = _import_torch()
+    torch, _ = import_torch()
     if torch is None:
         return {}
     result: dict[int, str] = {}

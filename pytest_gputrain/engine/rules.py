@@ -5,6 +5,7 @@ A malformed rule file is a ``RuleFileError`` naming the file, the field and the 
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 from pytest_gputrain import scopes
 from pytest_gputrain.engine.codes import CODE_RE
 from pytest_gputrain.engine.expr import ConditionError, Expr, Template, parse, parse_template
+from pytest_gputrain.jsonfile import InputFileError, read_limited
 from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import shown
 
@@ -179,11 +181,15 @@ def builtin_rules_dir() -> Path:
 
 
 def load_rule_file(path: Path) -> Rule:
+    if path.exists() and not path.is_file():  # a FIFO would wait for a writer forever
+        raise RuleFileError(f"{path}: not a regular file")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_limited(path).decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise RuleFileError(f"{path}: not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except InputFileError as exc:
+        raise RuleFileError(str(exc)) from None
+    except UnicodeDecodeError as exc:
         raise RuleFileError(f"{path}: cannot be read: {exc}") from None
     try:
         values = _RuleFile.model_validate(data)
@@ -194,6 +200,13 @@ def load_rule_file(path: Path) -> Rule:
             f"{path}: file name must start with the rule's code {values.code} "
             f"(e.g. {values.code}-{values.name}.toml)"
         )
+    for key, value in values.params.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            # TOML has nan and inf; no threshold compares true with nan, so the rule would
+            # never fire (--gpu-rule-param refuses them too).
+            raise RuleFileError(
+                f"{path}: rule {values.code}: params.{key} = {value!r} is not a finite "
+                "number; give a threshold such as 0.5")
     compiled: dict[str, Any] = {}
     for key, parser in (("condition", parse), ("message", parse_template), ("fix", parse_template)):
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from pytest_gputrain.ladder.rungs import LadderResults, RungRecord
-from pytest_gputrain.units import format_bytes, format_duration
+from pytest_gputrain.units import format_bytes, format_duration, printable
 
 HEADERS = ("run", "batch", "step time", "speed-up", "peak VRAM", "util", "temp", "val acc")
 
@@ -69,4 +69,4 @@ def summary_lines(results: LadderResults) -> list[str]:
 
 def render(results: LadderResults, tablefmt: str = "simple") -> str:
     table = tabulate(rows(results), headers=HEADERS, tablefmt=tablefmt)
-    return "\n".join([table, *summary_lines(results)])
+    return printable("\n".join([table, *summary_lines(results)]))  # the test's own names

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_gputrain.regression import stats
+from pytest_gputrain.regression.settings import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
+from pytest_gputrain.units import shown
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)
 
@@ -56,15 +58,21 @@ class BenchmarkOptions:
     max_time: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup!r} must be >= 0 (e.g. warmup=5)")
-        if self.min_rounds < 1:
-            raise ValueError(f"min_rounds={self.min_rounds!r} must be >= 1 (e.g. min_rounds=30)")
+        if not 0 <= self.warmup <= MAX_WARMUP:
+            raise ValueError(f"warmup={shown(self.warmup)} must lie between 0 and {MAX_WARMUP} "
+                             "(e.g. warmup=5)")
+        if not 1 <= self.min_rounds <= MAX_ROUNDS:
+            raise ValueError(f"min_rounds={shown(self.min_rounds)} must lie between 1 and "
+                             f"{MAX_ROUNDS} (e.g. min_rounds=30)")
         if self.max_rounds < self.min_rounds:
             raise ValueError(f"max_rounds={self.max_rounds!r} is below min_rounds="
                              f"{self.min_rounds!r} (e.g. min_rounds=30, max_rounds=100)")
-        if not self.max_time > 0:
-            raise ValueError(f"max_time={self.max_time!r} must be > 0 seconds (e.g. 5.0)")
+        if self.max_rounds > MAX_ROUNDS:
+            raise ValueError(f"max_rounds={shown(self.max_rounds)} must be at most {MAX_ROUNDS} "
+                             "(e.g. max_rounds=100)")
+        if not 0 < self.max_time <= MAX_TIME_S:
+            raise ValueError(f"max_time={shown(self.max_time)} must be > 0 and at most "
+                             f"{MAX_TIME_S:g} seconds (e.g. 5.0)")
 
     def override(self, *, rounds: int | None = None, warmup: int | None = None,
                  min_rounds: int | None = None, max_rounds: int | None = None,

@@ -149,12 +149,11 @@ def _compare(store: Store, spec: str, report: GateReport, results: list[Benchmar
 
 
 def _write_json(path: Path, report: GateReport) -> None:
+    from pytest_gputrain.outputs import write_output
     from pytest_gputrain.regression.output import report_json
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report_json(report), indent=2, allow_nan=False) + "\n",
-                        encoding="utf-8")
+        write_output(path, json.dumps(report_json(report), indent=2, allow_nan=False) + "\n")
     except (OSError, ValueError) as exc:
         report.notes.append(f"could not write {path}: {exc}")
         report.errors.append(str(exc))

@@ -28,8 +28,12 @@ from pytest_gputrain.regression.store_location import (
     parse_location,
     resolve_store,
 )
+from pytest_gputrain.units import printable, shown
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"
+
+
+MAX_LIMIT = 1_000_000  # runs listed at most; a larger --limit is a typo (SQLite cannot hold it)
 
 
 class HistoryError(Exception):
@@ -44,7 +48,8 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "VRAM across runs (optionally as a PNG).")
     add_store_argument(parser)
     parser.add_argument("--name", help="only runs saved under this name")
-    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50)")
+    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50, "
+                        f"at most {MAX_LIMIT})")
     parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
     parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
                         "VRAM across runs into PATH (needs matplotlib)")
@@ -95,8 +100,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     if args.png and not args.test:
         raise HistoryError("--png needs --test NODEID (the test to draw)")
-    if args.limit is not None and args.limit < 1:
-        raise HistoryError(f"--limit {args.limit} must be at least 1")
+    if args.limit is not None and not 1 <= args.limit <= MAX_LIMIT:
+        raise HistoryError(f"--limit {shown(args.limit)} must lie between 1 and {MAX_LIMIT}")
     with open_store(locate(args.store), create=False) as store:
         where = store.where
         if args.test:
@@ -110,8 +115,8 @@ def _history(args: argparse.Namespace) -> int:
                 print(json.dumps([_entry_json(run, result) for run, result in entries],
                                  indent=2))
             else:
-                print(tabulate(_test_rows(entries), headers=TEST_HEADERS,
-                               disable_numparse=True))
+                print(printable(tabulate(_test_rows(entries), headers=TEST_HEADERS,
+                                         disable_numparse=True)))
             if args.png:
                 draw_png(args.test, entries, Path(args.png))
                 print(f"wrote {args.png}")
@@ -122,7 +127,8 @@ def _history(args: argparse.Namespace) -> int:
     elif not runs:
         print(f"no saved runs in {where}")
     else:
-        print(tabulate(_run_rows(runs), headers=RUN_HEADERS, disable_numparse=True))
+        print(printable(tabulate(_run_rows(runs), headers=RUN_HEADERS,
+                                 disable_numparse=True)))
     return 0
 
 

@@ -10,7 +10,7 @@ from tabulate import tabulate
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
-from pytest_gputrain.units import format_bytes, format_duration
+from pytest_gputrain.units import format_bytes, format_duration, printable
 
 JSON_KIND = "pytest-gputrain-benchmarks"
 JSON_SCHEMA_VERSION = 2
@@ -149,7 +149,7 @@ def compare_lines(report: GateReport) -> list[Line]:
         lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
     else:
         lines.append((f"gate passed: {headline(report)}", {"green": True}))
-    return lines
+    return [(printable(text), markup) for text, markup in lines]  # names from the store
 
 
 def has_content(report: GateReport) -> bool:
@@ -176,18 +176,19 @@ def terminal_lines(report: GateReport) -> list[Line]:
     if report.saved_run is not None:
         lines.append((f"saved {report.saved_run.label()} with "
                       f"{report.saved_run.result_count} result(s)", {}))
-    return lines
+    return [(printable(text), markup) for text, markup in lines]
 
 
 def markdown(report: GateReport) -> str:
     """The gate for a CI summary (``GITHUB_STEP_SUMMARY``), under its own heading."""
-    return "\n".join(["## GPU performance gate", "", *_markdown_lines(report)]).rstrip() + "\n\n"
+    return printable("\n".join(["## GPU performance gate", "", *_markdown_lines(report)]).rstrip()
+                     + "\n\n")
 
 
 def markdown_body(report: GateReport) -> str:
     """The gate's verdict, comparisons, benchmarks and notes in Markdown, without a heading
     (for a section of the diagnosis's Markdown report, under its ``###`` heading)."""
-    return "\n".join(_markdown_lines(report, "####")).strip() + "\n"
+    return printable("\n".join(_markdown_lines(report, "####")).strip() + "\n")
 
 
 def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:

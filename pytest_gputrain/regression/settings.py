@@ -21,7 +21,7 @@ from pytest_gputrain.regression.store_location import (
     Location,
     resolve_store,
 )
-from pytest_gputrain.units import parse_percent
+from pytest_gputrain.units import parse_percent, shown
 
 METRICS = ("step_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
@@ -32,6 +32,11 @@ DEFAULT_ALPHA = 0.01
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
 RESERVED_NAMES = ("latest",)
+# The most a benchmark may ask for: past these a value is a typo (a 400-digit warm-up would
+# run until the CI job times out), refused like any other bad value.
+MAX_WARMUP = 10_000
+MAX_ROUNDS = 100_000
+MAX_TIME_S = 3_600.0
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -64,14 +69,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
             "gpu_benchmark", kind="bool", default=False),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
-            "before timing (default 5)", metavar="N"),
+            f"before timing (default 5, at most {MAX_WARMUP})", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
-            "timed rounds (default 30)", metavar="N"),
+            f"timed rounds (default 30, at most {MAX_ROUNDS})", metavar="N"),
     Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
-            "timed rounds (default 100)", metavar="N"),
+            f"timed rounds (default 100, at most {MAX_ROUNDS})", metavar="N"),
     Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
-            "timed rounds after which no more are added beyond the minimum (default 5)",
-            metavar="SECONDS"),
+            "timed rounds after which no more are added beyond the minimum (default 5, at most "
+            f"{MAX_TIME_S:g})", metavar="SECONDS"),
 )
 
 
@@ -179,18 +184,23 @@ def parse_run_name(value: object, *, for_save: bool) -> str:
 
 
 def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: float,
-            example: str) -> Any:
+            maximum: float, example: str) -> Any:
     raw = read(config, ini)
     if raw is None or str(raw).strip() == "":
         return None
+    text = str(raw).strip()
+    out_of_range = _usage(ini, flag, f"{shown(raw)} must lie between {minimum:g} and "
+                          f"{maximum:g}; e.g. {example}")
+    if kind is int and len(text.lstrip("+-")) > len(str(int(maximum))):
+        raise out_of_range  # before int(), which refuses 4300 digits and is slow well before
     try:
-        value = kind(str(raw).strip())
+        value = kind(text)
     except ValueError:
-        raise _usage(ini, flag, f"{raw!r} is not a number; e.g. {example}") from None
+        raise _usage(ini, flag, f"{shown(raw)} is not a number; e.g. {example}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise _usage(ini, flag, f"{raw!r} is not a finite number; e.g. {example}")
-    if value < minimum:
-        raise _usage(ini, flag, f"{raw!r} must be >= {minimum:g}; e.g. {example}")
+        raise _usage(ini, flag, f"{shown(raw)} is not a finite number; e.g. {example}")
+    if not minimum <= value <= maximum:
+        raise out_of_range
     return value
 
 
@@ -233,13 +243,14 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     except ValueError as exc:
         raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
     store = _store(config)
-    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0, "5")
+    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0,
+                     MAX_WARMUP, "5")
     min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
-                         1, "30")
+                         1, MAX_ROUNDS, "30")
     max_rounds = _number(config, "gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds", int,
-                         1, "100")
+                         1, MAX_ROUNDS, "100")
     max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
-                       1e-6, "5")
+                       1e-6, MAX_TIME_S, "5")
     if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
         raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
                      f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
@@ -247,11 +258,19 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     disable = bool(read(config, "gpu_benchmark_disable"))
     skip = bool(read(config, "gpu_benchmark_skip"))
     _check_untimed(disable, skip, save, compare)
+    json_path = _path(config, "gpu_benchmark_json", "--gpu-benchmark-json")
+    written_store = store if isinstance(store, Path) and (save or compare) else None
+    if json_path or written_store:  # loaded only then: a plain run does not pay for it
+        from pytest_gputrain import outputs
+
+        outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
+                      [json_path] if json_path else [])
+        outputs.claim(config, "gpu_store / --gpu-store", [written_store] if written_store else [])
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary,
         force=bool(read(config, "gpu_compare_force")),
-        json_path=_path(config, "gpu_benchmark_json", "--gpu-benchmark-json"), store=store,
+        json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
         disable=disable, skip=skip,
     )

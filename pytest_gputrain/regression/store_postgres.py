@@ -9,7 +9,8 @@ a marker of a newer schema, or missing tables is refused and left untouched.
 
 Initialisation takes a transaction-level advisory lock, so runners that start at once create
 the schema once; every write is one transaction, retried on a serialization failure or a
-deadlock, so concurrent writers lose nothing.
+deadlock, so concurrent writers lose nothing. A write waits at most ``LOCK_TIMEOUT_S`` for a lock
+another session holds (then it is retried, as SQLite's are), and says on stderr that it waits.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pytest_gputrain.regression.store_schema import (
     create_statements,
     insert_marker,
 )
+from pytest_gputrain.regression.store_wait import WaitNotice, longest_wait
 
 if TYPE_CHECKING:
     import psycopg
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
 SCHEMA_NAME = "gputrain"
 CONNECT_TIMEOUT_S = 10
 WRITE_ATTEMPTS = 8
+LOCK_TIMEOUT_S = 30  # per attempt, as SQLite's busy timeout (PostgreSQL's default: no limit)
 # pg_advisory_xact_lock key: "GPTR" as an integer, held while the schema is created.
 INIT_LOCK = 0x47505452
 INSTALL_HINT = ("a PostgreSQL store needs psycopg 3: pip install 'pytest-gputrain[postgres]' "
@@ -144,6 +147,7 @@ class PostgresStore(Store):
         self.url = url
         self.where = describe(url)
         self._connection = connection
+        self._wait = WaitNotice(self.where, longest_wait(WRITE_ATTEMPTS, LOCK_TIMEOUT_S))
 
     @classmethod
     def open(cls, url: str, *, create: bool = True) -> PostgresStore:
@@ -182,19 +186,23 @@ class PostgresStore(Store):
 
     def _write(self, action: Callable[[Writer], _T]) -> _T:
         psycopg = _psycopg()
-        retryable = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
+        retryable = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected,
+                     psycopg.errors.LockNotAvailable)
         delay = 0.05
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                with self._connection.transaction():
-                    return action(_PostgresWriter(self._connection))
-            except retryable as exc:
-                if attempt == WRITE_ATTEMPTS - 1:
+        with self._wait.waiting():
+            for attempt in range(WRITE_ATTEMPTS):
+                try:
+                    with self._connection.transaction():
+                        self._connection.execute(
+                            f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_S}s'")
+                        return action(_PostgresWriter(self._connection))
+                except retryable as exc:
+                    if attempt == WRITE_ATTEMPTS - 1:
+                        raise StoreError(f"{self.where}: could not write: {exc}") from None
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 2.0)
+                except psycopg.Error as exc:
                     raise StoreError(f"{self.where}: could not write: {exc}") from None
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 2.0)
-            except psycopg.Error as exc:
-                raise StoreError(f"{self.where}: could not write: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:

@@ -40,6 +40,7 @@ from pytest_gputrain.regression.store_schema import (
     create_statements,
     insert_marker,
 )
+from pytest_gputrain.regression.store_wait import WaitNotice, longest_wait
 
 APPLICATION_ID = 0x47505452  # "GPTR", in the SQLite header (PRAGMA application_id)
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -151,6 +152,7 @@ class SqliteStore(Store):
         self.path = path
         self.where = str(path)
         self._connection = connection
+        self._wait = WaitNotice(self.where, longest_wait(WRITE_ATTEMPTS, BUSY_TIMEOUT_S))
 
     @classmethod
     def open(cls, path: Path, *, create: bool = True) -> SqliteStore:
@@ -211,16 +213,18 @@ class SqliteStore(Store):
         connection.execute("COMMIT")
 
     def _retry(self, action: Callable[[], _T]) -> _T:
-        """Run a write, retrying while another writer holds the lock past the busy timeout."""
+        """Run a write, retrying while another writer holds the lock past the busy timeout (and
+        saying so on stderr when that takes more than a few seconds)."""
         delay = 0.05
-        for attempt in range(WRITE_ATTEMPTS):
-            try:
-                return action()
-            except sqlite3.OperationalError as exc:
-                if not _is_locked(exc) or attempt == WRITE_ATTEMPTS - 1:
-                    raise StoreError(f"{self.path}: could not write: {exc}") from None
-                time.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 2.0)
+        with self._wait.waiting():
+            for attempt in range(WRITE_ATTEMPTS):
+                try:
+                    return action()
+                except sqlite3.OperationalError as exc:
+                    if not _is_locked(exc) or attempt == WRITE_ATTEMPTS - 1:
+                        raise StoreError(f"{self.path}: could not write: {exc}") from None
+                    time.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _write(self, action: Callable[[Writer], _T]) -> _T:
