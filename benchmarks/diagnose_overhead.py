@@ -16,8 +16,11 @@ controller tells one process at a time to run a round, in an order shuffled each
 the modes' rounds interleave and drift in clocks and temperature hits them alike. Per mode, the
 median of the rounds' per-step times is compared with plain's: loaded / plain (goal 1.00) and
 diagnose / plain (goal <= 1.03; every round runs after the profiler window, so what the window
-leaves behind counts). The warm-ups run one process at a time too; the diagnosing processes'
-extra warm-up time is the diagnosis's cost per test (hooks, the window, CUPTI's start).
+leaves behind counts). Each ratio comes with its 90 % bootstrap interval over processes (the
+processes of each mode drawn again with replacement, a fixed seed): a process, not a round, is
+what varies, so the interval says how far the ratio could move with other processes. The
+warm-ups run one process at a time too; the diagnosing processes' extra warm-up time is the
+diagnosis's cost per test (hooks, the window, CUPTI's start).
 
 Every process is pinned to the same ``--cpus`` CPUs (default 8 on CUDA; ``os.sched_setaffinity``
 before it starts): only one runs a round at a time, and a host-bound loop's speed depends on
@@ -60,6 +63,7 @@ GOALS = {"loaded": 1.00, "diagnose": 1.03}
 NOISE = 0.01  # --check allows plain-vs-plain noise above the loaded goal
 STARTUP_TIMEOUT = 300.0  # seconds for every process to import torch and build its loop
 REPLY_TIMEOUT = 300.0  # seconds for one warm-up or round
+BOOTSTRAP_DRAWS = 2000  # resamples of the processes behind each ratio's interval
 
 # Sizes per device: the CUDA ones are the issue's loops; the CPU ones keep a smoke run short.
 SIZES: dict[str, dict[str, dict[str, int]]] = {
@@ -370,24 +374,47 @@ def window_facts(process: Process) -> dict[str, Any]:
         "probe_errors": runs[0].get("probe_errors", [])}
 
 
-def summarise(processes: list[Process], loop: str) -> dict[str, Any]:
+def pooled_median(group: list[Process]) -> float:
+    """The median of the rounds of these processes, taken together (a mode's step time)."""
+    return statistics.median(t for process in group for t in process.rounds)
+
+
+def ratio_interval(plain: list[Process], other: list[Process], seed: int,
+                   draws: int = BOOTSTRAP_DRAWS) -> tuple[float, float]:
+    """The 90 % bootstrap interval of ``other``'s step time over plain's, resampling processes.
+
+    A process is the unit that varies (its cores, its memory layout, its CUDA context), so each
+    draw takes as many processes as each mode has, with replacement, and sets the pooled
+    median of the drawn processes' rounds against plain's; the 5th and 95th percentiles of the
+    draws' ratios bound the interval. A fixed seed prints the same interval for the same rounds.
+    """
+    rng = random.Random(seed)
+    ratios = [pooled_median(rng.choices(other, k=len(other)))
+              / pooled_median(rng.choices(plain, k=len(plain))) for _ in range(draws)]
+    cuts = statistics.quantiles(ratios, n=20, method="inclusive")  # the 5th ... 95th
+    return cuts[0], cuts[-1]
+
+
+def summarise(processes: list[Process], loop: str, seed: int = 0) -> dict[str, Any]:
     mine = [process for process in processes if process.loop == loop]
     modes: dict[str, Any] = {}
-    for mode in MODES:
-        group = [process for process in mine if process.mode == mode]
-        rounds = [t for process in group for t in process.rounds]
+    groups = {mode: [process for process in mine if process.mode == mode] for mode in MODES}
+    for mode, group in groups.items():
         modes[mode] = {
-            "median_ms": statistics.median(rounds) * 1e3,
-            "rounds_ms": [round(t * 1e3, 4) for t in rounds],
+            "median_ms": pooled_median(group) * 1e3,
+            "rounds_ms": [round(t * 1e3, 4) for process in group for t in process.rounds],
             "process_median_ms": [round(statistics.median(p.rounds) * 1e3, 4) for p in group],
             "warmup_s": [round(p.warmup or 0.0, 3) for p in group],
         }
     plain = modes["plain"]["median_ms"]
     ratios = {mode: modes[mode]["median_ms"] / plain for mode in ("loaded", "diagnose")}
+    intervals = {mode: ratio_interval(groups["plain"], groups[mode], seed)
+                 for mode in ("loaded", "diagnose")}
     warm_plain = statistics.median(modes["plain"]["warmup_s"])
     per_test = statistics.median(modes["diagnose"]["warmup_s"]) - warm_plain
     windows = [window_facts(p) for p in mine if p.mode == "diagnose"]
-    return {"modes": modes, "ratios": ratios, "per_test_cost_s": per_test, "windows": windows}
+    return {"modes": modes, "ratios": ratios, "ratio_intervals_90": intervals,
+            "per_test_cost_s": per_test, "windows": windows}
 
 
 def print_loop(loop: str, sizes: dict[str, int], result: dict[str, Any], item_every: int) -> None:
@@ -395,13 +422,18 @@ def print_loop(loop: str, sizes: dict[str, int], result: dict[str, Any], item_ev
                      if key not in ("steps", "warmup"))
     print(f"\n{loop} ({size}); loss.item() every {item_every} steps, {sizes['steps']} steps "
           f"a round after a {sizes['warmup']}-step warm-up")
-    print(f"  {'mode':9} {'ms/step':>9} {'ratio':>7}   per process (median ms/step)")
+    print(f"  {'mode':9} {'ms/step':>9} {'ratio':>7} {'90 % interval':>15}   "
+          f"per process (median ms/step)")
     for mode in MODES:
         data = result["modes"][mode]
         ratio = 1.0 if mode == "plain" else result["ratios"][mode]
+        interval = ("" if mode == "plain" else
+                    "{:.3f}-{:.3f}".format(*result["ratio_intervals_90"][mode]))
         goal = f"  (goal {GOALS[mode]:.2f})" if mode in GOALS else ""
         processes = " ".join(f"{value:.3f}" for value in data["process_median_ms"])
-        print(f"  {mode:9} {data['median_ms']:9.3f} {ratio:7.4f}   {processes}{goal}")
+        print(f"  {mode:9} {data['median_ms']:9.3f} {ratio:7.4f} {interval:>15}   "
+              f"{processes}{goal}")
+    print(f"  (90 % interval: {BOOTSTRAP_DRAWS} bootstrap draws of the processes of each mode)")
     print(f"  the diagnosis's cost per test (its warm-up minus plain's, the profiler window "
           f"included): {result['per_test_cost_s']:+.2f} s")
     for window in result["windows"]:
@@ -434,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=None,
                         help="pin every process to this many CPUs, the same ones (default 8 "
                              "on cuda; 0: no pinning)")
-    parser.add_argument("--seed", type=int, default=0, help="for the round order")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="for the round order and the bootstrap intervals")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when diagnose/plain > {GOALS['diagnose']} or "
@@ -511,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
                     process.popen.wait(timeout=REPLY_TIMEOUT)
                     if process.popen.returncode != 0:
                         raise RuntimeError(failure_text(process, "failed"))
-                results = {loop: summarise(processes, loop) for loop in loops}
+                results = {loop: summarise(processes, loop, args.seed) for loop in loops}
             finally:
                 for process in processes:
                     if process.popen.poll() is None:

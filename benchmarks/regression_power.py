@@ -4,6 +4,7 @@ it stay quiet when nothing changed, when every session is its own process?
     python benchmarks/regression_power.py                    # CUDA, one GPU, about 5 minutes
     python benchmarks/regression_power.py --devices 2        # two GPUs, one stream of sessions each
     python benchmarks/regression_power.py --device cpu --sessions 2 --rounds 20 --budget-s 60
+    python benchmarks/regression_power.py --replay power.json --step-summary median --trials 400
 
 Two training steps, each timed as CI times it:
 
@@ -48,6 +49,11 @@ trials are not independent; the output says how large the pools were. False alar
 verdict other than "ok" on unchanged code ("improvement" as much as "regression"). The number
 of sessions the recipe needs is the fewest a side whose trials on the same pools reach the
 goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials.
+
+``--json PATH`` saves every session's clean rounds; ``--replay PATH`` runs no session and
+decides the trials again on those saved sessions, with another recipe or gate (more trials,
+another number of sessions a side, the median as a session's summary): with the run's own
+settings it prints the run's own figures.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ from cpu_pinning import describe as describe_cpus
 
 from pytest_gputrain.regression.compare import GateSettings, compare_test
 from pytest_gputrain.regression.stats import pooled_spread
+from pytest_gputrain.regression.store import ResultRecord
 from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import describe
 from pytest_gputrain.units import format_duration
@@ -94,6 +101,7 @@ DESCRIPTIONS = {
     ("gpu", "cpu"): "compute-bound (CPU stand-in): MLP 512-1024-1024-10, batch 64, SGD",
 }
 SESSION_TIMEOUT_S = 300.0
+Records = dict[int, ResultRecord]  # a pool's sessions as the gate reads them, by run id
 
 
 # -- one session (runs in its own process) -------------------------------------------------------
@@ -272,14 +280,14 @@ class Pool:
         return [s["wall"] for s in self.unchanged + self.slowed]
 
 
-def fewest_sessions(store_location: str | Path, pool: Pool, count: int, seed: int,
+def fewest_sessions(records: Records, pool: Pool, count: int, seed: int,
                    gate: GateSettings) -> tuple[int | None, int]:
     """The fewest sessions a side whose trials on these pools reach the goal (>= 95 % caught,
     <= 5 % false alarms), and the most the pools allow (a false-alarm trial draws twice as many
     unchanged sessions); ``None`` when no number up to that reaches it."""
     most = min(len(pool.unchanged) // 2, len(pool.slowed))
     for n in range(2, most + 1):
-        rows = trials(store_location, pool, n, count, seed, gate)
+        rows = trials(records, pool, n, count, seed, gate)
         if _goal_met(rows, count):
             return n, most
     return None, most
@@ -291,16 +299,32 @@ def _goal_met(rows: dict[str, list[dict[str, Any]]], count: int) -> bool:
     return caught >= math.ceil(0.95 * count) and alarms <= math.floor(0.05 * count)
 
 
-def trials(store_location: str | Path, pool: Pool, sessions: int, count: int, seed: int,
-           gate: GateSettings) -> dict[str, Any]:
-    """Power and false-alarm trials drawn from the pools, decided by the gate's compare_test
-    on the runs read back from the store."""
-    rng = random.Random(seed)
+def stored_records(store_location: str | Path, pool: Pool) -> Records:
+    """The pool's sessions as the gate reads them: each run's result read back from the store."""
     nodeid = f"benchmarks/regression_power.py::{pool.step}"
     with open_store(store_location, create=False) as store:
-        records = {}
-        for session in pool.unchanged + pool.slowed:
-            records[session["run_id"]] = store.results(session["run_id"])[nodeid]
+        return {session["run_id"]: store.results(session["run_id"])[nodeid]
+                for session in pool.unchanged + pool.slowed}
+
+
+def saved_records(pool: Pool) -> Records:
+    """The pool's sessions rebuilt from what ``--json`` saved of them (their clean rounds,
+    fingerprint and conditions), for ``--replay`` without the store."""
+    nodeid = f"benchmarks/regression_power.py::{pool.step}"
+    return {session["run_id"]: ResultRecord(
+                nodeid=nodeid, fingerprint=session["fingerprint"], fingerprint_hash="",
+                rounds=len(session["round_times"]),
+                metrics={"step_time": session["round_times"]},
+                summary={"conditions": session["conditions"]}, run_id=session["run_id"])
+            for session in pool.unchanged + pool.slowed}
+
+
+def trials(records: Records, pool: Pool, sessions: int, count: int, seed: int,
+           gate: GateSettings) -> dict[str, Any]:
+    """Power and false-alarm trials drawn from the pools, decided by the gate's compare_test
+    on the sessions' records (keyed by run id)."""
+    rng = random.Random(seed)
+    nodeid = f"benchmarks/regression_power.py::{pool.step}"
     unchanged = [s["run_id"] for s in pool.unchanged]
     slow = [s["run_id"] for s in pool.slowed]
     rows: dict[str, list[dict[str, Any]]] = {"slowed": [], "unchanged": []}
@@ -368,7 +392,12 @@ def main(argv: list[str] | None = None) -> int:
                              "session then shares the host with GPU-bound ones); default: one "
                              "step at a time")
     parser.add_argument("--seed", type=int, default=0, help="seed of the trials' draws")
-    parser.add_argument("--json", metavar="PATH", help="also write everything as JSON")
+    parser.add_argument("--json", metavar="PATH", help="also write everything as JSON, each "
+                                                       "session's rounds included")
+    parser.add_argument("--replay", metavar="PATH",
+                        help="run no session: decide the trials again on the sessions a "
+                             "--json PATH of an earlier run saved, with this command line's "
+                             "--sessions, --trials, --seed and gate (e.g. --step-summary median)")
     args = parser.parse_args(argv)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     if not steps or any(s not in STEPS for s in steps):
@@ -384,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     cold = args.cold if args.cold is not None else args.device == "cuda"
     if args.cpus_per_session is not None and args.cpus_per_session < 0:
         parser.error("--cpus-per-session must be >= 0")
+    if args.replay:
+        try:
+            replay(Path(args.replay), steps, args)
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            parser.error(f"--replay {args.replay}: not a file this script's --json wrote "
+                         f"({type(exc).__name__}: {exc})")
+        return 0
     started = time.perf_counter()
     deadline = started + args.budget_s
 
@@ -500,28 +536,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"a session failed: {failures[0]}")
         return 2
 
-    gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha,
-                        step_summary=args.step_summary)
     report: dict[str, Any] = {"pid": os.getpid(), "devices": devices, "cpu_sets": cpu_sets,
-                              "rounds": args.rounds,
-                              "warmup": args.warmup,
-                              "sessions_a_side": n, "threshold": args.threshold,
-                              "alpha": args.alpha, "step_summary": args.step_summary,
+                              "rounds": args.rounds, "warmup": args.warmup,
                               "slowdown": args.slowdown,
                               "launch_slowdown": args.launch_slowdown,
                               "mix_steps": args.mix_steps,
-                              "cudnn_benchmark": args.cudnn_benchmark, "steps": {}}
+                              "cudnn_benchmark": args.cudnn_benchmark}
+    records = {step: stored_records(store_location, pool) for step, pool in pools.items()}
+    judge(pools, records, args, cold, report, started)
+    folder.cleanup()
+    return 0
+
+
+def judge(pools: dict[str, Pool], records: dict[str, Records], args: argparse.Namespace,
+          cold: bool, report: dict[str, Any], started: float) -> None:
+    """Decide the trials of every step with the gate of the command line, print the figures and
+    the overall result, and write them (with ``report``'s description of the run) to --json."""
+    gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha,
+                        step_summary=args.step_summary)
+    report.update({"sessions_a_side": args.sessions, "threshold": args.threshold,
+                   "alpha": args.alpha, "step_summary": args.step_summary, "cold": cold,
+                   "steps": {}})
     all_ok = True
     first = next(iter(pools.values())).calibration["fingerprint"]
     print(f"device: {first.get('gpu_name') or first.get('cpu_model')}, torch "
           f"{first.get('torch_version')}, driver {first.get('driver_version')}")
-    print(f"recipe: {n} sessions a side, interleaved; gate step_time:{args.threshold * 100:g} %, "
-          f"alpha {args.alpha:g} (t-test over sessions), a session's step time: its "
+    print(f"recipe: {args.sessions} sessions a side, interleaved; gate "
+          f"step_time:{args.threshold * 100:g} %, alpha {args.alpha:g} (t-test over sessions), "
+          f"a session's step time: its "
           f"{'fastest clean step' if args.step_summary == 'min' else 'median clean step'}")
     for step, pool in pools.items():
         print()
         print(f"== {pool.description} ==")
-        figures = summarise(pool, args, store_location, gate, cold)
+        figures = summarise(pool, args, records[step], gate, cold)
         report["steps"][step] = figures
         all_ok = all_ok and figures["result"] == "PASS"
     elapsed = time.perf_counter() - started
@@ -531,11 +578,38 @@ def main(argv: list[str] | None = None) -> int:
     report["result"] = "PASS" if all_ok else "MISS"
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    folder.cleanup()
-    return 0
 
 
-def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
+def replay(path: Path, steps: list[str], args: argparse.Namespace) -> None:
+    """The trials again, on the sessions a --json file saved (their rounds, not a store), with
+    this command line's recipe and gate (--sessions, --trials, --seed, --threshold, --alpha,
+    --step-summary); no session runs. With the run's own settings it repeats the run's figures."""
+    started = time.perf_counter()
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    pools = {}
+    for step in steps:
+        if step not in saved["steps"]:
+            continue
+        figures = saved["steps"][step]
+        pools[step] = Pool(step, figures["description"], calibration=figures["calibration"],
+                           how=figures.get("how", "as the run describes it"),
+                           unchanged=figures["pool"]["unchanged"],
+                           slowed=figures["pool"]["slowed"])
+    if not pools:
+        raise ValueError(f"no step of {', '.join(steps)} in it")
+    cold = saved.get("cold", saved["devices"][0] != "cpu")
+    print(f"regression power, replayed: the sessions saved in {path} "
+          f"({', '.join(saved['devices'])}, {saved['rounds']} timed steps a session); "
+          f"no session runs", flush=True)
+    report = {key: value for key, value in saved.items()
+              if key not in ("steps", "elapsed_s", "result")} | {"replay_of": str(path)}
+    records = {step: saved_records(pool) for step, pool in pools.items()}
+    # the slowdown is the one the saved sessions were given, whatever this command line says
+    judge(pools, records, argparse.Namespace(**{**vars(args), "slowdown": saved["slowdown"]}),
+          cold, report, started)
+
+
+def summarise(pool: Pool, args: argparse.Namespace, records: Records,
               gate: GateSettings, cold: bool) -> dict[str, Any]:
     """Print one step's figures; the same as a dict."""
     n, count = args.sessions, args.trials
@@ -548,12 +622,13 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     print(f"session median {seconds(calibration['median'])}; "
           f"{'cold' if cold else 'forked'} calibration session {calibration['wall']:.1f} s "
           f"wall; forked sessions {forked_wall or 0:.1f} s wall (median)")
-    figures: dict[str, Any] = {"description": pool.description, "calibration": calibration,
+    figures: dict[str, Any] = {"description": pool.description, "how": pool.how,
+                               "calibration": calibration,
                                "pool": {"unchanged": pool.unchanged, "slowed": pool.slowed},
                                "forked_session_wall_s": forked_wall, "result": "MISS"}
     if len(unchanged) < 2 * n or len(slow) < n:
-        print(f"MISS: only {len(unchanged)} unchanged and {len(slow)} slowed sessions fit in "
-              f"--budget-s {args.budget_s:g}; trials need {2 * n} and {n}")
+        print(f"MISS: only {len(unchanged)} unchanged and {len(slow)} slowed sessions in the "
+              f"pools (a larger --budget-s runs more); trials need {2 * n} and {n}")
         return figures
     spread = pooled_spread([unchanged])
     assert spread.sd is not None
@@ -564,7 +639,7 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     print(f"slowed pool: {len(slow)} sessions, {label} {seconds(min(slow))} - "
           f"{seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
           "unchanged pool")
-    rows = trials(store_location, pool, n, count, args.seed, gate)
+    rows = trials(records, pool, n, count, args.seed, gate)
     caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
     improved = sum(r["verdict"] == "improvement" for r in rows["unchanged"])
     alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"]) + improved
@@ -579,7 +654,7 @@ def summarise(pool: Pool, args: argparse.Namespace, store_location: str | Path,
     print(f"  false alarms on unchanged code: {alarms}/{count} (goal <= {alarm_goal}/{count}), "
           f"of them 'improvement': {improved}")
     print(f"  trials that left out a stray session (Dixon's Q): {strays}/{2 * count}")
-    needed, most = fewest_sessions(store_location, pool, count, args.seed, gate)
+    needed, most = fewest_sessions(records, pool, count, args.seed, gate)
     wall = calibration["wall"] if cold else forked_wall
     if needed is None:
         print(f"sessions the recipe needs: more than {most} a side (no number up to {most}, "

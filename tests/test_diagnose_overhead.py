@@ -72,6 +72,26 @@ def test_medians_ratios_and_the_cost_per_test(tmp_path: Path) -> None:
     assert second == {"captured": None, "reason": "no facts file"}
 
 
+def test_the_ratio_interval_resamples_processes_with_a_fixed_seed(tmp_path: Path) -> None:
+    module = _benchmark()
+    ms = 1e-3
+    plain = [_process(module, "plain", i, [t * ms, t * ms], 1.0, tmp_path)
+             for i, t in enumerate((1.00, 1.00, 1.00, 1.00))]
+    steady = [_process(module, "diagnose", i, [1.02 * ms, 1.02 * ms], 1.0, tmp_path)
+              for i in range(4)]
+    # Processes that agree: every draw gives the same ratio.
+    assert module.ratio_interval(plain, steady, seed=0) == pytest.approx((1.02, 1.02))
+    # One slow process among four widens the interval towards it, never beyond the extremes.
+    spread = [_process(module, "diagnose", i, [t * ms, t * ms], 1.0, tmp_path)
+              for i, t in enumerate((1.00, 1.00, 1.00, 1.20))]
+    low, high = module.ratio_interval(plain, spread, seed=0)
+    assert low == pytest.approx(1.00) and 1.00 < high <= 1.20
+    assert module.ratio_interval(plain, spread, seed=0) == (low, high)  # the seed fixes it
+    loaded = [_process(module, "loaded", i, [1.00 * ms], 1.0, tmp_path) for i in range(4)]
+    result = module.summarise(plain + loaded + spread, "mlp", seed=0)
+    assert result["ratio_intervals_90"]["diagnose"] == (low, high)
+
+
 def test_a_process_in_the_wrong_mode_is_refused(tmp_path: Path) -> None:
     module = _benchmark()
     process = _process(module, "diagnose", 0, [], 0.0, tmp_path)
@@ -96,5 +116,8 @@ def test_cpu_smoke_run(tmp_path: Path) -> None:
     assert {mode: len(data["rounds_ms"]) for mode, data in modes.items()} == {
         "plain": 2, "loaded": 2, "diagnose": 2}
     assert set(figures["loops"]["mlp"]["ratios"]) == {"loaded", "diagnose"}
+    for low, high in figures["loops"]["mlp"]["ratio_intervals_90"].values():
+        assert low <= high
+    assert "90 % interval" in completed.stdout
     (window,) = figures["loops"]["mlp"]["windows"]
     assert window["captured"] is False and window["probe_errors"] == []  # no CUDA: no window

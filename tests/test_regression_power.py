@@ -125,6 +125,39 @@ def test_cpu_smoke_run(tmp_path: Path) -> None:
     saved_ids = {r.id for r in runs}
     assert {s["run_id"] for s in pool["unchanged"] + pool["slowed"]} <= saved_ids
 
+    # --replay decides the same trials again from the saved rounds alone (no store, no
+    # session): with the run's settings, the run's verdicts; with others, new trials.
+    store.unlink()
+    replayed = tmp_path / "replayed.json"
+    again = _replay(out, "--steps", "gpu", "--sessions", "2", "--trials", "20",
+                    "--json", str(replayed))
+    assert "regression power, replayed: the sessions saved in" in again
+    assert f"{figures['caught']}/20 caught" in again
+    replayed_rows = json.loads(replayed.read_text())["steps"]["gpu"]["trial_rows"]
+    assert replayed_rows == rows
+    median = _replay(out, "--sessions", "2", "--trials", "30", "--step-summary", "median")
+    assert "a session's step time: its median clean step" in median
+    assert "/30 caught" in median
+
+
+def _replay(saved: Path, *argv: str) -> str:
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "regression_power.py"), "--replay", str(saved), *argv],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+def test_replay_of_a_file_that_is_not_a_run(tmp_path: Path) -> None:
+    bad = tmp_path / "other.json"
+    bad.write_text('{"kind": "something else"}')
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "regression_power.py"), "--replay", str(bad)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert completed.returncode == 2
+    assert "--replay" in completed.stderr and "not a file this script's --json wrote" in (
+        completed.stderr)
+
 
 @pytest.mark.parametrize("argv", [["--rounds", "101"], ["--steps", "nope"],
                                   ["--sessions", "3", "--pool", "2"],
