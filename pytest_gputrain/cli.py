@@ -24,17 +24,17 @@ from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_gputrain import scopes
-from pytest_gputrain.engine.config import SettingError, build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
-from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on
-from pytest_gputrain.plugin import load_features
-from pytest_gputrain.project_settings import (
+from pytest_gputrain.ini_settings import (
     ProjectSettings,
     ProjectSettingsError,
     read_project_settings,
 )
+from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on
+from pytest_gputrain.plugin import load_features
 from pytest_gputrain.units import printable
 
 

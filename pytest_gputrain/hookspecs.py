@@ -1,6 +1,6 @@
 """The hooks pytest-gputrain adds (registered by plugin.py through ``pytest_addhooks``).
 
-Features hand records and report sections to the diagnosis directly (``diagnose.py``), not
+Features hand records and report sections to the diagnosis directly (``diagnosis.py``), not
 through hooks.
 """
 

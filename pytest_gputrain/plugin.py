@@ -15,8 +15,8 @@ from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
-    from pytest_gputrain.engine.config import RuleConfig
     from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.engine.rule_settings import RuleConfig
 
 # The features: each module declares its options, hooks and rule scopes, and keeps its own
 # import light (no torch/pydantic at load). The probe comes first so that `pytest --help` lists
@@ -71,10 +71,10 @@ def pytest_configure(config: pytest.Config) -> None:
     rule_config = read_rule_config(config)
     if not settings.diagnose:
         return
-    from pytest_gputrain.diagnose import (
+    from pytest_gputrain.diagnosis import (
         PLUGIN_NAME,
-        DiagnoseSession,
         Diagnosis,
+        DiagnosisSession,
         WorkerDiagnosis,
     )
 
@@ -82,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Workers run the tests: their features record, and the records go to the controller,
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
-                          else DiagnoseSession(config, settings, engine))
+                          else DiagnosisSession(config, settings, engine))
     feature_plugins.register(config, options.DIAGNOSIS_KEY, session, PLUGIN_NAME)
 
 
@@ -96,7 +96,7 @@ def read_rule_config(config: pytest.Config) -> RuleConfig | None:
     read = options.read
     if not any(read(config, name) for name in options.RULE_SETTINGS):
         return None
-    from pytest_gputrain.engine.config import SettingError, build_config
+    from pytest_gputrain.engine.rule_settings import SettingError, build_config
 
     rules_dirs, base = options.read_with_base(config, "gpu_rules_dirs")
     try:
@@ -114,8 +114,8 @@ def read_rule_config(config: pytest.Config) -> RuleConfig | None:
 
 def load_engine(rule_config: RuleConfig | None) -> RuleEngine:
     """The rule engine with the project's settings; bad rule files or settings are usage errors."""
-    from pytest_gputrain.engine.config import SettingError
     from pytest_gputrain.engine.evaluate import RuleEngine
+    from pytest_gputrain.engine.rule_settings import SettingError
     from pytest_gputrain.engine.rules import RuleFileError
 
     try:

@@ -1,5 +1,5 @@
 """pytest-xdist: which kind of process this is, and the one way a worker's data reaches the
-controller (the pinning of workers to GPUs is in ``assertions/xdist.py``)."""
+controller (the pinning of workers to GPUs is in ``assertions/worker_gpus.py``)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ try:
 except ImportError:
     torch = None
 import pytest_gputrain.collect
-import pytest_gputrain.diagnose
+import pytest_gputrain.diagnosis
 import pytest_gputrain.distributed.facts
 import pytest_gputrain.distributed.launcher
 import pytest_gputrain.engine.evaluate

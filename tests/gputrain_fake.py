@@ -19,7 +19,7 @@ import pytest_gputrain.assertions.memory
 import pytest_gputrain.assertions.requirements
 import pytest_gputrain.assertions.testing
 import pytest_gputrain.assertions.utilization
-import pytest_gputrain.assertions.xdist
+import pytest_gputrain.assertions.worker_gpus
 import pytest_gputrain.collect.sampler  # noqa: F401
 
 CONFTEST = """

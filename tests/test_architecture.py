@@ -23,10 +23,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "outputs", "scopes", "facts",
                               "findings", "severity", "options", "xdist", "hookspecs", "versions",
-                              "percentiles", "project_settings", "feature_plugins"})),
+                              "percentiles", "ini_settings", "feature_plugins"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
-    ("diagnosis", frozenset({"diagnose", "report"})),
+    ("diagnosis", frozenset({"diagnosis", "report"})),
     ("features", frozenset({"assertions", "probe", "regression", "ladder", "distributed"})),
     ("entry", frozenset({"plugin", "cli", "__main__"})),
 )
@@ -285,9 +285,10 @@ def test_hook_wrappers_are_new_style_and_workeroutput_is_read_in_one_place() -> 
 
 
 def test_an_upward_import_inside_a_function_is_caught() -> None:
-    source = "def evaluate():\n    from pytest_gputrain.distributed.report import build_facts\n"
+    source = ("def evaluate():\n"
+              "    from pytest_gputrain.distributed.launch_facts import build_facts\n")
     assert upward_imports("pytest_gputrain.engine.evaluate", source) == [
-        "pytest_gputrain.engine.evaluate:2 imports pytest_gputrain.distributed.report "
+        "pytest_gputrain.engine.evaluate:2 imports pytest_gputrain.distributed.launch_facts "
         "(engine -> features)"]
 
 

@@ -106,7 +106,7 @@ def test_a_crash_shows_its_signal_stack_and_output() -> None:
 
 
 def _facts(record: LaunchRecord, error: RankFailure | None) -> Any:
-    from pytest_gputrain.distributed.report import build_facts
+    from pytest_gputrain.distributed.launch_facts import build_facts
 
     return build_facts(record, "test_x.py::test_y", error)
 

@@ -32,10 +32,10 @@ from hypothesis import strategies as st
 from pytest_gputrain import cli, options, outputs
 from pytest_gputrain.assertions.markers import MarkerError, parse_default_max_vram
 from pytest_gputrain.assertions.plugin import OPTIONS as ASSERTION_OPTIONS
-from pytest_gputrain.assertions.xdist import parse_per_worker
+from pytest_gputrain.assertions.worker_gpus import parse_per_worker
 from pytest_gputrain.cli import main as cli_main
-from pytest_gputrain.engine.config import SettingError, build_config, coerce_param
 from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rule_settings import SettingError, build_config, coerce_param
 from pytest_gputrain.engine.rules import RuleFileError, builtin_rules_dir, load_rule_file
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.jsonfile import INPUT_LIMIT_VARIABLE

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pytest_gputrain.facts import DeviceSample
-from pytest_gputrain.probe import failures, oom_observer, run, settings
+from pytest_gputrain.probe import failures, oom_observer, run, settings_timeline
 from pytest_gputrain.probe.loader import LoaderTracker
 from pytest_gputrain.probe.oom_message import parse_oom
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
@@ -134,12 +134,12 @@ def test_settings_in_force_are_those_of_most_steps_and_changes_are_listed() -> N
     snapshots = [(1, {"cudnn_benchmark": False, "memory_fraction": 1.0}),
                  (2, {"cudnn_benchmark": True, "memory_fraction": 0.03}),
                  (96, {"cudnn_benchmark": False, "memory_fraction": 0.03})]
-    chosen, changes = settings.in_force(snapshots, 100)
+    chosen, changes = settings_timeline.in_force(snapshots, 100)
     assert chosen == {"cudnn_benchmark": True, "memory_fraction": 0.03}
     assert changes == ["cudnn_benchmark: False -> True (seen at step 2)",
                        "memory_fraction: 1.0 -> 0.03 (seen at step 2)",
                        "cudnn_benchmark: True -> False (seen at step 96)"]
-    assert settings.in_force([], 10) == ({}, [])
+    assert settings_timeline.in_force([], 10) == ({}, [])
 
 
 # -- the probe on a CPU loop that changes settings and restores them ------------------------------
@@ -170,12 +170,12 @@ def test_settings_are_read_at_the_first_steps_and_every_nth() -> None:
             torch.backends.cudnn.benchmark = not before
 
     try:
-        probe = _train(2 * settings.EVERY + 6, body)
+        probe = _train(2 * settings_timeline.EVERY + 6, body)
     finally:
         torch.backends.cudnn.benchmark = before
     timeline = probe.record.settings
     assert timeline.reads == 4  # steps 1, 2, EVERY and 2 * EVERY
-    assert [step for step, _ in timeline.snapshots] == [1, 2 * settings.EVERY]
+    assert [step for step, _ in timeline.snapshots] == [1, 2 * settings_timeline.EVERY]
 
 
 def test_settings_changed_and_restored_inside_the_test_are_reported_as_trained() -> None:
@@ -190,7 +190,7 @@ def test_settings_changed_and_restored_inside_the_test_are_reported_as_trained()
     facts = probe.facts()  # built after the restore, as the plugin builds them
     assert facts.cudnn_benchmark is True and facts.anomaly_detection is True
     assert facts.anomaly_backwards == 40
-    assert facts.settings_reads == 2 + 40 // settings.EVERY
+    assert facts.settings_reads == 2 + 40 // settings_timeline.EVERY
     assert facts.settings_changes == []
 
 

@@ -16,10 +16,10 @@ import pytest
 # Imported up front: pytester's in-process runs drop modules first imported inside them.
 import pytest_gputrain.regression.benchmark
 import pytest_gputrain.regression.compare_command
-import pytest_gputrain.regression.conditions
 import pytest_gputrain.regression.gate
 import pytest_gputrain.regression.history
 import pytest_gputrain.regression.output
+import pytest_gputrain.regression.process_state
 import pytest_gputrain.regression.store_postgres
 import pytest_gputrain.regression.store_sqlite  # noqa: F401
 from pytest_gputrain.regression.store_backends import open_store

@@ -25,8 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-from pytest_gputrain.engine.config import build_config
 from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rule_settings import build_config
 from pytest_gputrain.engine.rules import Rule
 from pytest_gputrain.facts import EnvironmentFacts, FactsFile
 from pytest_gputrain.findings import Finding

@@ -65,7 +65,7 @@ def test_the_runner_sets_a_samples_environment(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_runner_passes_a_samples_arguments_and_they_are_valid_settings() -> None:
-    from pytest_gputrain.engine.config import build_config
+    from pytest_gputrain.engine.rule_settings import build_config
 
     runner = _runner()
     assert runner.sample_args("plain", {}) == []

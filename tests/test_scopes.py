@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_gputrain import scopes
-from pytest_gputrain.diagnose import Diagnosis
+from pytest_gputrain.diagnosis import Diagnosis
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.engine.vocabulary import scope_names
@@ -83,7 +83,7 @@ def _rules_dir(tmp_path: Path, text: str = RULE) -> Path:
 
 
 def _engine(folder: Path) -> RuleEngine:
-    from pytest_gputrain.engine.config import build_config
+    from pytest_gputrain.engine.rule_settings import build_config
 
     return RuleEngine.load(build_config(rules_dirs=[str(folder)]))
 

@@ -21,10 +21,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarni
 # Source, in bytes, of the plugin's modules a plain `pytest --co` loads (97 KB today, every
 # feature's plugin object included; 155 KB before start-up was looked at).
 SOURCE_BUDGET = 100_000
-NOT_AT_START_UP = ("pytest_gputrain.diagnose", "pytest_gputrain.engine.config",
-                   "pytest_gputrain.assertions.runtime", "pytest_gputrain.assertions.markers",
-                   "pytest_gputrain.assertions.xdist", "pytest_gputrain.distributed.diagnosis",
-                   "pytest_gputrain.facts", "pytest_gputrain.findings")
+NOT_AT_START_UP = ("pytest_gputrain.diagnosis", "pytest_gputrain.engine.rule_settings",
+                   "pytest_gputrain.assertions.gpu_checks", "pytest_gputrain.assertions.markers",
+                   "pytest_gputrain.assertions.worker_gpus",
+                   "pytest_gputrain.distributed.diagnosis", "pytest_gputrain.facts",
+                   "pytest_gputrain.findings")
 
 COUNTER = '''
 import json, os, sys

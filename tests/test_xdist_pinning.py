@@ -9,7 +9,7 @@ from gputrain_fake import fake_project
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_gputrain.assertions.xdist import (
+from pytest_gputrain.assertions.worker_gpus import (
     NOTES_KEY,
     WORKERINPUT_KEY,
     PinningError,

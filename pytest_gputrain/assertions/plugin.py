@@ -2,7 +2,7 @@
 ``gpu_monitor`` fixtures, xdist pinning; all of them the ``AssertionsPlugin`` object's.
 
 Import-light: importing this module imports neither torch nor pydantic, and the plugin object
-loads the assertions' run-time part (``runtime.py``: requirements, measurements, limits, OOM
+loads the assertions' run-time part (``gpu_checks.py``: requirements, measurements, limits, OOM
 clean-up) only when the session needs it: collection found a GPU test, tests are about to run,
 or workers are pinned to GPUs. A collect-only run of a suite without GPU tests costs one look
 at each module's and class's markers and each test's own. The GPU stack is reached through a
@@ -26,9 +26,9 @@ from pytest_gputrain.xdist import is_xdist_worker, send_to_controller
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_gputrain.assertions.gpu_checks import GpuAssertions
     from pytest_gputrain.assertions.markers import MaxVram
-    from pytest_gputrain.assertions.runtime import GpuAssertions
-    from pytest_gputrain.assertions.xdist import XdistPinning
+    from pytest_gputrain.assertions.worker_gpus import XdistPinning
     from pytest_gputrain.collect.sampler import NvmlSampler
 
 PLUGIN_NAME = "gputrain-assertions"
@@ -107,7 +107,7 @@ def read_settings(config: pytest.Config) -> AssertionSettings:
 def _per_worker(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None  # the usual case: the pinning's module is not even imported
-    from pytest_gputrain.assertions.xdist import parse_per_worker
+    from pytest_gputrain.assertions.worker_gpus import parse_per_worker
 
     return parse_per_worker(value)
 
@@ -173,7 +173,7 @@ class AssertionsPlugin:
     def runtime(self) -> GpuAssertions:
         """The run-time part, loaded on first need."""
         if self._runtime is None:
-            from pytest_gputrain.assertions.runtime import GpuAssertions
+            from pytest_gputrain.assertions.gpu_checks import GpuAssertions
 
             self._runtime = GpuAssertions(self.config, self.settings)
         return self._runtime
@@ -183,12 +183,12 @@ class AssertionsPlugin:
         controller: get ready to give each worker its GPUs."""
         settings, count_gpus = self.settings, lambda: self.runtime.count_gpus()
         if is_xdist_worker(self.config):
-            from pytest_gputrain.assertions.xdist import pin_worker
+            from pytest_gputrain.assertions.worker_gpus import pin_worker
 
             pin_worker(self.config, settings.per_worker, settings.share, count_gpus,
                        self.notes_for_controller.append)
         elif settings.per_worker is not None and self.config.pluginmanager.hasplugin("xdist"):
-            from pytest_gputrain.assertions.xdist import XdistPinning
+            from pytest_gputrain.assertions.worker_gpus import XdistPinning
 
             self.pinning = XdistPinning(self.config, settings.per_worker, settings.share,
                                         count_gpus)
@@ -299,6 +299,6 @@ class AssertionsPlugin:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.notes_for_controller:  # a worker's
-            from pytest_gputrain.assertions.xdist import NOTES_KEY
+            from pytest_gputrain.assertions.worker_gpus import NOTES_KEY
 
             send_to_controller(self.config, NOTES_KEY, self.notes_for_controller)

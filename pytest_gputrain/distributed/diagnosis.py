@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_gputrain.diagnose import Diagnosis
+    from pytest_gputrain.diagnosis import Diagnosis
 
 SCOPE = "distributed"
 
@@ -96,11 +96,11 @@ class DistributedDiagnosis:
             return report
         launches = list(recorder.facts)
         if recorder.data_parallel_devices:
-            from pytest_gputrain.distributed.report import in_process_facts
+            from pytest_gputrain.distributed.launch_facts import in_process_facts
 
             launches.append(in_process_facts(item.nodeid, recorder.data_parallel_devices))
         if launches:
-            from pytest_gputrain.distributed.report import launch_lines
+            from pytest_gputrain.distributed.launch_facts import launch_lines
 
             for facts in launches:
                 self.session.add_test_record(item, SCOPE, facts, launch_lines(facts))

@@ -312,7 +312,7 @@ def launch(
         error = exc
     facts = None
     if recorder is not None or probe:
-        from pytest_gputrain.distributed.report import build_facts
+        from pytest_gputrain.distributed.launch_facts import build_facts
 
         facts = build_facts(record, test, error)
         if recorder is not None:

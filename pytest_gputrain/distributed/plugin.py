@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "the ranks hang past timeout seconds")
     if not options.diagnosing(config):
         return
-    from pytest_gputrain.diagnose import diagnosis
+    from pytest_gputrain.diagnosis import diagnosis
 
     session = diagnosis(config)
     if session is None:

@@ -61,7 +61,7 @@ STACK_WAIT_S = 1.0  # after SIGUSR1, how long to wait for faulthandler's stack d
 REAP_WAIT_S = 10  # how long to wait for killed ranks to end (a D-state rank is left)
 PORT_ATTEMPTS = 3
 RANK_ENV = "GPUTRAIN_DIST_RANK"  # set in every rank started here
-# Kept in step with _rank.py, which imports torch and so is not imported here.
+# Kept in step with rank_main.py, which imports torch and so is not imported here.
 ERROR_KEY = "gputrain"
 STATUS_FILE = "status.json"
 STACK_FILE = "stack.txt"
@@ -170,7 +170,7 @@ def _signal_handlers_kept() -> Iterator[None]:
 def _boot_code() -> str:
     root = str(Path(__file__).resolve().parent.parent.parent)
     return (f"import sys; sys.path.insert(0, {root!r}); "
-            "from pytest_gputrain.distributed._rank import main; main()")
+            "from pytest_gputrain.distributed.rank_main import main; main()")
 
 
 def _start(settings: LaunchSettings, payload: bytes, run_dir: Path, port: int) -> Any:

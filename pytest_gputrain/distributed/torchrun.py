@@ -161,7 +161,7 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
          size: int) -> dict[str, Any]:
     from _pytest.outcomes import OutcomeException
 
-    from pytest_gputrain.distributed import _rank
+    from pytest_gputrain.distributed import rank_main
 
     dist = _dist()
 
@@ -171,16 +171,16 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
     recorder.set_phase("import")
     recorder.install()  # until the launch ends: run_here's caller uninstalls
     try:
-        device = _rank.select_device(local_rank)
+        device = rank_main.select_device(local_rank)
         if settings.init and not had_group:
             recorder.set_phase("init")
-            _rank.init_group(settings.backend, rank, size, local_rank,
+            rank_main.init_group(settings.backend, rank, size, local_rank,
                              settings.collective_timeout, store=dist.PrefixStore("group/", store))
-        outcome["result"] = _rank.run_function(fn, args, kwargs, recorder, device,
+        outcome["result"] = rank_main.run_function(fn, args, kwargs, recorder, device,
                                                destroy_group=not had_group)
         recorder.set_phase("done")
     except (Exception, OutcomeException) as exc:  # pytest.skip()/fail() too; not Ctrl-C
-        outcome["error"] = _rank.error_data(exc, recorder, time.time())
+        outcome["error"] = rank_main.error_data(exc, recorder, time.time())
         recorder.set_phase("failed")
         if not had_group and dist.is_initialized():
             dist.destroy_process_group()

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gputrain import scopes
-from pytest_gputrain.engine.config import RuleConfig, apply_config
 from pytest_gputrain.engine.expr import UNKNOWN, EvaluationError
+from pytest_gputrain.engine.rule_settings import RuleConfig, apply_config
 from pytest_gputrain.engine.rules import Rule, RuleFileError, builtin_rules_dir, load_rules
 from pytest_gputrain.engine.vocabulary import scope_names
 from pytest_gputrain.facts import EnvironmentFacts, FactsFile, session_namespace_of

@@ -42,7 +42,7 @@ class LadderTables:
 
     def results_for(self, name: str) -> LadderResults:
         if name not in self.results:
-            from pytest_gputrain.diagnose import diagnosis
+            from pytest_gputrain.diagnosis import diagnosis
             from pytest_gputrain.ladder import LadderResults
 
             result = self.results[name] = LadderResults(name)

@@ -11,7 +11,7 @@ import itertools
 import statistics
 from typing import Any
 
-from pytest_gputrain.probe import settings as settings_reads
+from pytest_gputrain.probe import settings_timeline as settings_reads
 from pytest_gputrain.probe.facts import MemoryFacts
 from pytest_gputrain.probe.memory_peaks import own_peaks
 from pytest_gputrain.probe.run_record import RunRecord

@@ -24,7 +24,7 @@ import pytest
 from pytest_gputrain import feature_plugins, options, scopes
 
 if TYPE_CHECKING:
-    from pytest_gputrain.diagnose import Diagnosis
+    from pytest_gputrain.diagnosis import Diagnosis
     from pytest_gputrain.probe.failure_facts import FailureFacts
     from pytest_gputrain.probe.run import RunProbe
 
@@ -93,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = read_probe_settings(config)  # a bad value is an error with or without diagnosis
     if not options.diagnosing(config):
         return
-    from pytest_gputrain.diagnose import diagnosis
+    from pytest_gputrain.diagnosis import diagnosis
 
     session = diagnosis(config)
     if session is None:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pytest_gputrain.probe import oom_observer, settings
+from pytest_gputrain.probe import oom_observer, settings_timeline
 from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.compile_readings import CompileWatch
 from pytest_gputrain.probe.cuda_readings import (
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
 _perf = time.perf_counter
-_SETTINGS_EVERY = settings.EVERY
+_SETTINGS_EVERY = settings_timeline.EVERY
 # The step flags as module globals: the step hook reads them without an enum lookup.
 _STEADY, _IN_WINDOW, _AFTER_WINDOW, _EPOCH_START = (
     StepFlag.STEADY, StepFlag.IN_WINDOW, StepFlag.AFTER_WINDOW, StepFlag.EPOCH_START)
@@ -307,7 +307,7 @@ class RunProbe:
         for them. Each must cost a few attribute reads; anything dearer is taken at evenly
         spaced steps like the allocator's counters (``torch.cuda.memory_stats`` builds a dict
         of some 200 entries in C++ and takes the allocator's lock: tens of µs), or every
-        ``settings.EVERY`` steps like the settings a test may change inside itself."""
+        ``settings_timeline.EVERY`` steps like the settings a test may change inside itself."""
         record = self.record
         steps = record.steps
         read_allocated = self._read_allocated
@@ -325,7 +325,7 @@ class RunProbe:
         """Snapshot the settings a test may change inside itself (``settings.py``)."""
         timeline = self.record.settings
         timeline.reads += 1
-        now = settings.read_settings(self.torch, self._read_fraction)
+        now = settings_timeline.read_settings(self.torch, self._read_fraction)
         if not timeline.snapshots or timeline.snapshots[-1][1] != now:
             timeline.snapshots.append((step, now))
 
@@ -359,7 +359,7 @@ class RunProbe:
             record.allocator.start[index] = {}
         record.allocator.backend = allocator_backend(torch)
         self._read_allocated = allocated_reader(torch, index)
-        self._read_fraction = settings.fraction_reader(torch, index)
+        self._read_fraction = settings_timeline.fraction_reader(torch, index)
         oom_observer.attach(torch)
         if self.use_sampler:
             self.nvml.start(index)

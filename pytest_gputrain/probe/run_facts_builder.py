@@ -20,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_gputrain.probe import settings as settings_reads
+from pytest_gputrain.probe import settings_timeline as settings_reads
 from pytest_gputrain.probe.facts import (
     ForwardRecord,
     LayerFacts,

@@ -334,19 +334,19 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
             device: object = None, nvml: bool = True, nodeid: str = "",
             fingerprint: bool = True) -> BenchmarkResult:
     """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds; see the module docstring."""
-    from pytest_gputrain.regression import conditions
+    from pytest_gputrain.regression import process_state
 
     options = options or BenchmarkOptions()
     kwargs = kwargs or {}
     name, torch = resolve_device(device)
     if torch is None:
         result = _measure_host(fn, args, kwargs, options, nodeid)
-        result.conditions = conditions.read(sys.modules.get("torch"))
+        result.conditions = process_state.read(sys.modules.get("torch"))
     else:
         result = _measure_cuda(torch, int(name.split(":")[1]), fn, args, kwargs, options, nvml,
                                nodeid)
         clocks = [c for c in result.sm_clock or [] if c is not None]
-        result.conditions = conditions.read(torch)
+        result.conditions = process_state.read(torch)
         result.conditions["sm_clock_median"] = stats.median(clocks) if clocks else None
     if fingerprint:
         from pytest_gputrain.regression.fingerprint import collect

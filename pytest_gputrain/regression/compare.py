@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pytest_gputrain.regression import conditions, stats
+from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
 from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMMARY
@@ -247,7 +247,7 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
         return rows
     found = tuple(differences(baseline[-1].fingerprint, current[-1].fingerprint))
     strict = [d for d in found if d.strict]
-    unlike = tuple(conditions.unlike(_conditions(baseline), _conditions(current))
+    unlike = tuple(process_state.unlike(_conditions(baseline), _conditions(current))
                    + _machines(baseline, current))
     rows = []
     for metric in measured:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_gputrain.project_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import (

@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin = RegressionPlugin(config, settings)
     feature_plugins.register(config, PLUGIN_KEY, plugin, PLUGIN_NAME)
     if options.diagnosing(config):
-        from pytest_gputrain.diagnose import diagnosis
+        from pytest_gputrain.diagnosis import diagnosis
 
         session = diagnosis(config)
         if session is not None:
@@ -109,7 +109,7 @@ class RegressionPlugin:
         """Watch for torch profilers once torch's profiler is loaded: one that ran earlier in
         the process slows every later kernel launch, and a benchmark's result says so."""
         if "torch.autograd.profiler" in sys.modules:
-            from pytest_gputrain.regression.conditions import watch_profiler
+            from pytest_gputrain.regression.process_state import watch_profiler
 
             watch_profiler()
 

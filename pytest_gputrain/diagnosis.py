@@ -183,7 +183,7 @@ class Diagnosis:
         return FactsFile(environment=self.environment, records=self._records)
 
 
-class DiagnoseSession(Diagnosis):
+class DiagnosisSession(Diagnosis):
     """The diagnosis of the single process, or of the pytest-xdist controller: it reports."""
 
     def __init__(self, config: pytest.Config, settings: Settings, engine: RuleEngine) -> None:
