@@ -1,7 +1,8 @@
 """The torch build and what it sees: version, CUDA runtime, arch list, cuDNN, global modes.
 
-torch is imported here only, and only when a collector is asked for (never at plugin load). No
-CUDA context is created: device properties come through the runtime, memory through NVML.
+torch is imported here only (``import_torch``, which the features use too), and only when a
+collector is asked for (never at plugin load). No CUDA context is created: device properties
+come through the runtime, memory through NVML.
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ from typing import Any
 from pytest_gputrain.facts import TorchFacts
 
 
+def import_torch() -> Any:
+    """``import torch`` on the plugin's behalf. Without NumPy installed, torch warns at import
+    ("Failed to initialize NumPy": only its NumPy interop needs it); where the plugin is the
+    first to import torch, in a run whose tests never do, that warning would be the plugin's, so
+    it is left out. Raises what the import raises."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy",
+                                category=UserWarning)
+        import torch
+    return torch
+
+
 def _import_torch() -> tuple[Any, str | None]:
     try:
-        import torch
+        torch = import_torch()
     except Exception as exc:  # ImportError, or a broken install raising OSError
         return None, f"torch cannot be imported: {type(exc).__name__}: {exc}"
     return torch, None
