@@ -1,3 +1,4 @@
 from pytest_gputrain.cli import main
 
-raise SystemExit(main())
+# Usage lines name the command as typed; the console script gets its own name from argparse.
+raise SystemExit(main(prog="python -m pytest_gputrain"))

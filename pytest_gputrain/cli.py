@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from tabulate import tabulate
 from pytest_gputrain import scopes
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
-from pytest_gputrain.engine.rules import RuleFileError
+from pytest_gputrain.engine.rules import RuleFileError, text_block
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.ini_settings import (
     ProjectSettings,
@@ -53,17 +52,19 @@ def _project(args: argparse.Namespace) -> ProjectSettings:
     return project
 
 
-def _engine(args: argparse.Namespace) -> RuleEngine:
+def _engine(args: argparse.Namespace, every_rule: bool = False) -> RuleEngine:
     """The rules as ``pytest --gpu-diagnose`` in this project would load them: the project's
-    ini settings, each overridden by its command-line twin when given."""
+    ini settings, each overridden by its command-line twin when given. ``every_rule``: leave
+    gpu_select and gpu_ignore aside (``explain`` documents a rule the project does not run)."""
     ini = _project(args).values
     try:
         if args.rules_dir:  # folders given here are relative to here; the ini's to its folder
             rules_dirs, base = args.rules_dir, None
         else:
             rules_dirs, base = ini["gpu_rules_dirs"], _project(args).ini_folder
-        config = build_config(select=args.select or ini["gpu_select"],
-                              ignore=args.ignore or ini["gpu_ignore"],
+        select, ignore = (None, None) if every_rule else (args.select or ini["gpu_select"],
+                                                          args.ignore or ini["gpu_ignore"])
+        config = build_config(select=select, ignore=ignore,
                               severity=args.severity or ini["gpu_severity"],
                               params=args.rule_param or ini["gpu_rule_params"],
                               rules_dirs=rules_dirs, base_dir=base)
@@ -139,7 +140,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    engine = _engine(args)
+    engine = _engine(args, every_rule=True)
     code = args.code.upper()
     rule = next((r for r in engine.rules if r.code == code or r.name == args.code), None)
     if rule is None:
@@ -148,7 +149,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
            f"scope: {rule.scope}    severity: {rule.severity}    file: {rule.path}", ""]
 
     def section(title: str, body: str) -> None:
-        out.extend([f"## {title}", textwrap.dedent(body).strip(), ""])
+        out.extend([f"## {title}", text_block(body), ""])
 
     section("What it checks", rule.condition.source)
     section("Why is this bad", rule.why)
@@ -192,21 +193,23 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """``prog``: the command as its usage lines show it; by default the name it was started as
+    (argparse's default: ``pytest-gputrain`` for the console script)."""
     from pytest_gputrain import __version__
 
     load_features()  # their rule scopes, which rules and facts files may name
-    parser = argparse.ArgumentParser(prog="python -m pytest_gputrain",
-                                     description="pytest-gputrain rule engine tools")
+    parser = argparse.ArgumentParser(prog=prog, description="pytest-gputrain rule engine tools")
     parser.add_argument("--version", action="version", version=f"pytest-gputrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def rule_options(p: argparse.ArgumentParser) -> None:
+    def rule_options(p: argparse.ArgumentParser, selection: bool = True) -> None:
         # An empty value is a usage error, as for pytest's --gpu-* options.
-        p.add_argument("--select", action="append", type=not_empty, help="rule codes or "
-                       "prefixes to run (instead of the ini file's gpu_select)")
-        p.add_argument("--ignore", action="append", type=not_empty, help="rule codes or "
-                       "prefixes to skip (instead of gpu_ignore)")
+        if selection:
+            p.add_argument("--select", action="append", type=not_empty, help="rule codes or "
+                           "prefixes to run (instead of the ini file's gpu_select)")
+            p.add_argument("--ignore", action="append", type=not_empty, help="rule codes or "
+                           "prefixes to skip (instead of gpu_ignore)")
         p.add_argument("--severity", action="append", type=not_empty, metavar="CODE=LEVEL",
                        help="instead of gpu_severity")
         p.add_argument("--rule-param", action="append", type=not_empty,
@@ -218,30 +221,54 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-c", "--config-file", metavar="FILE", help="the project's ini file, "
                        "as pytest's -c (default: found as pytest finds it)")
 
-    replay = sub.add_parser("replay", help="run the rules on facts recorded by --gpu-facts-out")
-    replay.add_argument("path")
-    replay.add_argument("--format", choices=("text", "json", "md"), default="text")
+    replay = sub.add_parser(
+        "replay", help="run the rules on facts recorded by --gpu-facts-out",
+        description="Run the rules on a facts file written by `pytest --gpu-diagnose "
+                    "--gpu-facts-out=FILE`, on any machine: the findings are those the recording "
+                    "machine would get. Exits 1 when a finding reaches --fail-on.")
+    replay.add_argument("path", metavar="FACTS_FILE",
+                        help="the JSON file written by --gpu-facts-out")
+    replay.add_argument("--format", choices=("text", "json", "md"), default="text",
+                        help="text: the terminal report (default); json: the --gpu-report "
+                             "document (see the schema command); md: Markdown for a CI summary")
     replay.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="default: the ini file's gpu_fail_on, else error")
     replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
     rule_options(replay)
     replay.set_defaults(func=cmd_replay)
 
-    rules = sub.add_parser("rules", help="list the rule catalogue")
-    rules.add_argument("--scope", choices=scopes.names())
+    rules = sub.add_parser(
+        "rules", help="list the rule catalogue",
+        description="List the rules (code, name, scope, severity, title) as `pytest "
+                    "--gpu-diagnose` in this project loads them: the built-in ones and those of "
+                    "gpu_rules_dirs, less those gpu_select and gpu_ignore leave out.")
+    rules.add_argument("--scope", choices=scopes.names(), help="only the rules of this scope")
     rule_options(rules)
     rules.set_defaults(func=cmd_rules)
 
-    explain = sub.add_parser("explain", help="print one rule's documentation")
-    explain.add_argument("code")
-    rule_options(explain)
+    explain = sub.add_parser(
+        "explain", help="print one rule's documentation",
+        description="Print one rule's documentation: what it checks, why it matters, an example "
+                    "and what to write instead, the fix, its options and references. Any rule, "
+                    "whatever gpu_select and gpu_ignore choose; its severity and options are this "
+                    "project's (gpu_severity, gpu_rule_params).")
+    explain.add_argument("code", metavar="CODE", help="a rule's code (GT007) or name "
+                         "(other-processes-hold-vram)")
+    rule_options(explain, selection=False)
     explain.set_defaults(func=cmd_explain)
 
-    facts = sub.add_parser("facts", help="list the fact names rules can use")
-    facts.add_argument("--scope", choices=scopes.names(), default="device")
+    facts = sub.add_parser(
+        "facts", help="list the fact names rules can use",
+        description="List the facts a rule's condition, message and fix can name in one scope "
+                    "(with their units in the session and device scopes).")
+    facts.add_argument("--scope", choices=scopes.names(), default="device",
+                       help="the scope whose facts to list (default: device)")
     facts.set_defaults(func=cmd_facts)
 
-    schema = sub.add_parser("schema", help="print the JSON schema of --gpu-report .json files")
+    schema = sub.add_parser(
+        "schema", help="print the JSON schema of --gpu-report .json files",
+        description="Print the JSON schema of the report that `pytest --gpu-diagnose "
+                    "--gpu-report=FILE.json` writes (and `replay --format json` prints).")
     schema.set_defaults(func=cmd_schema)
 
     from pytest_gputrain.regression.compare_command import add_compare_parser
@@ -264,9 +291,9 @@ def _stdout_closed() -> int:
     return 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     try:
-        parser = build_parser()
+        parser = build_parser(prog)
         args = parser.parse_args(argv)
         code = int(args.func(args))
         sys.stdout.flush()  # output still buffered fails here, while it can be handled

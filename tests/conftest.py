@@ -51,6 +51,17 @@ _import_torch_lazy_modules()
 FACTS_DIR = Path(__file__).parent / "facts"
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """pyproject.toml's addopts (`-m 'not slow'`) deselect the tests that train for minutes: say
+    so beside the "N deselected" count, with the command that runs them."""
+    slow = [item for item in terminalreporter.stats.get("deselected", [])
+            if isinstance(item, pytest.Item) and item.get_closest_marker("slow")]
+    if slow:
+        terminalreporter.write_line(
+            f"{len(slow)} slow test(s) left out by `-m 'not slow'` (pyproject.toml's addopts); "
+            "run them with `pytest -m slow`")
+
+
 def load_fact_set(name: str) -> dict[str, Any]:
     """A recorded facts file (tests/facts/NAME.json) as plain JSON data."""
     data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text())

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_gputrain.cli import main
+from pytest_gputrain.cli import build_parser, main
+from pytest_gputrain.engine.rules import builtin_rules_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 FACTS = Path(__file__).parent / "facts"
+RULES = builtin_rules_dir()
 
 
 def replay(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -388,3 +398,68 @@ def test_every_command_prints_its_help(command: str,
     assert out.startswith("usage:")
     if command == "compare":
         assert "step_time:5%" in out
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    [commands] = [action for action in parser._actions
+                  if isinstance(action, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def test_every_command_says_what_it_does_and_every_argument_has_help() -> None:
+    for name, command in _subcommands().items():
+        assert command.description, f"{name}: no description for its --help"
+        unexplained = [action.dest for action in command._actions
+                       if not action.help and not isinstance(action, argparse._HelpAction)]
+        assert not unexplained, f"{name}: arguments without help: {unexplained}"
+
+
+def test_explain_takes_no_selection_and_documents_rules_the_project_leaves_out(
+        tmp_path: Path) -> None:
+    options = {name: {option for action in command._actions
+                      for option in action.option_strings}
+               for name, command in _subcommands().items()}
+    assert {"--select", "--ignore"} <= options["rules"] & options["replay"]
+    assert not {"--select", "--ignore"} & options["explain"]
+    tests = project(tmp_path, "pytest.ini",
+                    "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT0\n")
+    explained = subprocess.run([sys.executable, "-m", "pytest_gputrain", "explain", "GT007"],
+                               capture_output=True, text=True, check=False, cwd=tests)
+    assert explained.returncode == 0, explained.stderr
+    assert explained.stdout.startswith("GT007 other-processes-hold-vram")
+
+
+def test_usage_names_the_command_as_it_was_started() -> None:
+    module = subprocess.run([sys.executable, "-m", "pytest_gputrain", "explain", "--help"],
+                            capture_output=True, text=True, check=False)
+    assert module.returncode == 0, module.stderr
+    assert module.stdout.startswith("usage: python -m pytest_gputrain explain ")
+    # The console script runs main() with sys.argv[0] set to its own path.
+    as_script = ("import sys; sys.argv[0] = '/opt/venv/bin/pytest-gputrain'; "
+                 "from pytest_gputrain.cli import main; sys.exit(main(['explain', '--help']))")
+    script = subprocess.run([sys.executable, "-c", as_script],
+                            capture_output=True, text=True, check=False)
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.startswith("usage: pytest-gputrain explain ")
+    installed = shutil.which("pytest-gputrain", path=str(Path(sys.executable).parent))
+    if installed is not None:
+        console = subprocess.run([installed, "rules", "--help"],
+                                 capture_output=True, text=True, check=False)
+        assert console.stdout.startswith("usage: pytest-gputrain rules "), console.stderr
+
+
+def test_explain_keeps_every_example_line_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """A docs section prints as the rule file has it, less the common indentation: the first
+    line of a code example keeps its indentation relative to the others."""
+    for rule_file in sorted(RULES.glob("GT*.toml")):
+        docs = tomllib.loads(rule_file.read_text(encoding="utf-8")).get("docs", {})
+        assert main(["explain", rule_file.name[:5]]) == 0
+        out = capsys.readouterr().out
+        for key, heading in (("example", "Example"), ("use_instead", "Use instead")):
+            if key not in docs:
+                continue
+            expected = textwrap.dedent(docs[key]).strip("\n")
+            expected = "\n".join(line.rstrip() for line in expected.splitlines())
+            section = out.split(f"## {heading}\n", 1)[1].split("\n\n## ", 1)[0]
+            assert section == expected, f"{rule_file.name} {key}"

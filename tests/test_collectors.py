@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pytest_gputrain.collect import nvml
@@ -115,3 +119,57 @@ def test_host_and_toolkit_never_raise(tmp_path: object) -> None:
     assert host.cpu_count_logical and host.cpu_count_logical >= 1
     tools = read_toolkit()
     assert tools.nvcc_version is not None or "nvcc" in tools.unknown["nvcc_version"]
+
+
+# Runs before anything else in a subprocess: NumPy then cannot be imported, as if not installed.
+WITHOUT_NUMPY = '''
+import sys
+
+
+class _NoNumPy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoNumPy())
+'''
+
+SUITE_WITHOUT_TORCH = '''
+import sys
+
+import pytest
+
+
+@pytest.mark.requires_cuda
+def test_needs_a_gpu():
+    pass
+
+
+def test_only_the_plugin_imported_torch():
+    assert "torch" in sys.modules and "numpy" not in sys.modules
+'''
+
+
+def test_the_plugins_torch_import_keeps_quiet_without_numpy(tmp_path: Path) -> None:
+    """torch installed without NumPy warns "Failed to initialize NumPy" at import. In a suite
+    whose tests never import torch, the plugin's markers and diagnosis import it: the warning
+    would be the plugin's, with nothing for the user to fix."""
+    pytest.importorskip("torch")
+    control = subprocess.run([sys.executable, "-W", "always", "-c",
+                              WITHOUT_NUMPY + "import torch\n"],
+                             capture_output=True, text=True, check=False)
+    assert control.returncode == 0, control.stderr
+    if "Failed to initialize NumPy" not in control.stderr:
+        pytest.skip("this torch imports without NumPy silently")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_suite.py").write_text(SUITE_WITHOUT_TORCH)
+    run = WITHOUT_NUMPY + "import pytest\nsys.exit(pytest.main(sys.argv[1:]))\n"
+    result = subprocess.run([sys.executable, "-c", run, "--gpu-diagnose", "-p", "no:cacheprovider",
+                             "-p", "no:xdist", "-rA"],
+                            capture_output=True, text=True, check=False, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "PASSED test_suite.py::test_only_the_plugin_imported_torch" in output, output
+    assert "NumPy" not in output, output

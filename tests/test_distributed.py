@@ -231,18 +231,26 @@ def test_rank_exception_names_the_rank_and_shows_its_traceback() -> None:
 
 
 def test_hang_becomes_a_timeout_and_nothing_is_left_running(tmp_path: Path) -> None:
+    # The timeout covers the ranks' start too (importing torch, joining the process group),
+    # which on a loaded machine takes many seconds: a launch that returns at once measures it
+    # now, and the hang gets several times that, so that both ranks are in place when it ends.
+    warm_up = time.monotonic()
+    run_ranks(identify, world_size=2, args=("start-up",), timeout=300)
+    start_up = time.monotonic() - warm_up
+    timeout = max(8, round(3 * start_up))
     pid_file = tmp_path / "grandchild.pid"
     started = time.monotonic()
     with pytest.raises(RankTimeout) as caught:
-        run_ranks(hang_rank_1, world_size=2, args=(str(pid_file),), timeout=8,
+        run_ranks(hang_rank_1, world_size=2, args=(str(pid_file),), timeout=timeout,
                   collective_timeout=300)
     elapsed = time.monotonic() - started
-    assert elapsed < 8 + 6, f"took {elapsed:.1f} s for a timeout of 8 s"
+    # Ended by the launch's timeout, not the collective's 300 s.
+    assert elapsed < timeout + 6 + start_up, f"took {elapsed:.1f} s for a timeout of {timeout} s"
     error = caught.value
     assert error.stuck_ranks == [0, 1]
     assert error.kind == "hang"
     text = str(error)
-    assert "still running after the 8 s timeout" in text
+    assert f"still running after the {timeout} s timeout" in text
     assert "rank 0: killed: in all_reduce #1" in text
     assert "rank 1: killed: running the function, not in a collective" in text
     assert "in hang_rank_1" in text  # rank 1's stack, dumped before the kill

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import importlib.metadata
 import shutil
 import subprocess
@@ -53,3 +54,18 @@ def test_the_cli_prints_the_version() -> None:
         pytest.skip("the pytest-gputrain console script is not installed in this environment")
     console = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
     assert (console.returncode, console.stdout, console.stderr) == (0, expected, "")
+
+
+def test_tox_environments_that_run_pytest_install_torch_and_tox_has_an_extra() -> None:
+    """A fresh tox environment has no torch: without it the GPU tests would skip, not run."""
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini", encoding="utf-8")
+    running_pytest = [section for section in tox.sections()
+                      if any(command.split()[:1] == ["pytest"] for command in
+                             tox.get(section, "commands", fallback="").splitlines())]
+    assert {"testenv:tests", "testenv:gpu"} <= set(running_pytest)
+    for section in running_pytest:
+        deps = tox.get(section, "deps", fallback="").split()
+        assert any(dep.startswith("torch") for dep in deps), f"{section} installs no torch"
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert any(dep.startswith("tox") for deps in extras.values() for dep in deps)

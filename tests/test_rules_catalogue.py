@@ -325,3 +325,47 @@ def test_recorded_run_findings_are_deterministic() -> None:
         again = [f.model_dump() for f in engine_for(case).evaluate_records(
             FactsFile.model_validate_json(facts.model_dump_json()))]
         assert first == again, case.id
+
+
+# --------------------------------------------------------------------------------------------
+# Shipped text: what a user reads
+
+
+ROOT = TESTS.parent
+SHIPPED_TEXT = [ROOT / "README.md", *(ROOT / folder for folder in
+                                      ("rules", "docs", "sample_projects", "pytest_gputrain"))]
+TEXT_SUFFIXES = {".py", ".toml", ".md", ".txt", ".ini", ".cfg", ".json", ".yml", ".yaml"}
+
+
+def _shipped_text_files() -> list[Path]:
+    files = []
+    for place in SHIPPED_TEXT:
+        candidates = [place] if place.is_file() else sorted(place.rglob("*"))
+        files.extend(path for path in candidates if path.suffix in TEXT_SUFFIXES)
+    return files
+
+
+def test_no_shipped_text_cites_a_brief_users_do_not_have() -> None:
+    """A user has no project brief to look things up in: a rule's figures name their public
+    source (PyTorch's docs, NVIDIA's, the TensorBoard profiler plugin, HolisticTraceAnalysis,
+    DCGM, ...) or say where the project measured them. ("briefly" is fine.)"""
+    files = _shipped_text_files()
+    assert len(files) > 100, "the shipped text was not found"
+    cited = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in files
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bbrief\b", line, re.IGNORECASE)]
+    assert not cited, "\n".join(cited)
+
+
+def test_the_readme_names_rule_families_and_only_rules_that_exist() -> None:
+    """Ranges such as GT101-GT137 go stale as soon as a rule is added: the README names the
+    families (GT1xx) and points at `python -m pytest_gputrain rules`."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    ranges = re.findall(r"GT\d{3}`?\s*(?:–|-|—|to)\s*`?GT\d{3}", text)
+    assert not ranges, f"rule ranges in README.md: {ranges}"
+    assert "python -m pytest_gputrain rules" in text
+    codes = {rule.code for rule in rules()}
+    named = set(re.findall(r"\bGT\d{3}\b", text))
+    project_codes = {code for code in named if code.startswith("GT9")}  # a project's own
+    assert named - project_codes <= codes, sorted(named - project_codes - codes)

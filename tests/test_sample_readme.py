@@ -43,3 +43,14 @@ def test_with_the_plugin_the_gpu_ladder_is_collected() -> None:
                             cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "test_product_gpu_ladder.py::test_one_batch_on_cpu" in result.stdout
+
+
+def test_every_file_the_readme_names_exists() -> None:
+    """The layout table and the text point at real files (a rung that moved is a stale pointer)."""
+    text = SAMPLE_README.read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w/.-]+\.py)`", text))
+    assert "test_product_gpu_ladder.py" in named  # the GPU rungs, in the layout table
+    project = SAMPLE_README.parent
+    missing = [name for name in sorted(named)
+               if not (project / name).exists() and not list(project.rglob(Path(name).name))]
+    assert not missing, missing

@@ -85,9 +85,9 @@ class RealBackend:
 
     @staticmethod
     def _torch() -> Any:
-        import torch
+        from pytest_gputrain.collect.torch_import import import_torch
 
-        return torch
+        return import_torch()
 
     @staticmethod
     def _torch_if_imported() -> Any:

@@ -1,7 +1,8 @@
 """The torch build and what it sees: version, CUDA runtime, arch list, cuDNN, global modes.
 
-torch is imported here only, and only when a collector is asked for (never at plugin load). No
-CUDA context is created: device properties come through the runtime, memory through NVML.
+torch is imported through ``torch_import.py`` only (which the features use too), and only when a
+collector is asked for (never at plugin load). No CUDA context is created: device properties
+come through the runtime, memory through NVML.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from pytest_gputrain.collect.torch_import import import_torch
+from pytest_gputrain.collect.torch_import import try_import_torch
 from pytest_gputrain.facts import TorchFacts
 
 
 def read_torch() -> TorchFacts:
     facts = TorchFacts()
-    torch, reason = import_torch()
+    torch, reason = try_import_torch()
     if torch is None:
         facts.reason = reason
         for field in ("version", "cuda_version", "cuda_available", "device_count", "arch_list"):
@@ -90,7 +91,7 @@ def _read_backends(torch: Any, facts: TorchFacts) -> None:
 
 def torch_device_uuids() -> dict[int, str]:
     """``{cuda index: uuid}`` for the devices torch sees (used to map them to NVML indices)."""
-    torch, _ = import_torch()
+    torch, _ = try_import_torch()
     if torch is None:
         return {}
     result: dict[int, str] = {}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -40,17 +41,36 @@ class _FailedImport(importlib.abc.MetaPathFinder):
                               name=fullname) from self.error
 
 
-def import_torch() -> tuple[Any, str | None]:
-    """``(torch, None)``, or ``(None, why)`` when it cannot be imported (never raises)."""
+def import_torch() -> Any:
+    """``import torch`` on the plugin's behalf; raises what the import raises, and an
+    ``ImportError`` naming the first error where an import of it failed before.
+
+    Without NumPy installed, torch warns at import ("Failed to initialize NumPy": only its NumPy
+    interop needs it); where the plugin is the first to import torch, in a run whose tests
+    never do, that warning would be the plugin's, so it is left out.
+    """
     loaded = sys.modules.get("torch")
     if loaded is not None:
-        return loaded, None
+        return loaded
     if any(isinstance(finder, _FailedImport) for finder in sys.meta_path) or half_imported():
-        return None, FAILED_BEFORE
+        raise ImportError(FAILED_BEFORE, name="torch")
     try:
-        import torch
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Failed to initialize NumPy",
+                                    category=UserWarning)
+            import torch
     except Exception as exc:  # ImportError, or a broken install raising OSError, ValueError...
         if half_imported():
             sys.meta_path.insert(0, _FailedImport(exc))
+        raise
+    return torch
+
+
+def try_import_torch() -> tuple[Any, str | None]:
+    """``(torch, None)``, or ``(None, why)`` when it cannot be imported (never raises)."""
+    try:
+        return import_torch(), None
+    except Exception as exc:
+        if isinstance(exc, ImportError) and str(exc) == FAILED_BEFORE:
+            return None, FAILED_BEFORE
         return None, f"torch cannot be imported: {type(exc).__name__}: {exc}"
-    return torch, None

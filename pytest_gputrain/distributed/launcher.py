@@ -153,8 +153,10 @@ def resolve_backend(backend: str | None, world_size: int, init: bool = True) -> 
 
     ``world_size`` is the number of ranks on this host: all of them here, LOCAL_WORLD_SIZE
     under torchrun."""
+    from pytest_gputrain.collect.torch_import import import_torch
+
     try:
-        import torch
+        torch = import_torch()
         import torch.distributed as dist
     except ImportError as exc:
         raise DistributedSetupError(f"run_ranks needs torch: {exc}") from None

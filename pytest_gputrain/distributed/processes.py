@@ -57,7 +57,11 @@ HOST = "127.0.0.1"
 POLL_S = 0.05
 FAILURE_GRACE_S = 2.0  # after a rank fails, how long the others may take to finish or fail
 EXIT_GRACE_S = 15.0  # after a rank returned its result, how long it may take to exit
-STACK_WAIT_S = 1.0  # after SIGUSR1, how long to wait for faulthandler's stack dump
+# After SIGUSR1, the longest wait for faulthandler's stack dumps: a rank writes its dump as soon
+# as it is scheduled, which on a loaded host can take seconds. The wait ends as soon as every
+# dump is written: a file that grew and then stayed the same size for STACK_SETTLE_S.
+STACK_WAIT_S = 10.0
+STACK_SETTLE_S = 0.2
 REAP_WAIT_S = 10  # how long to wait for killed ranks to end (a D-state rank is left)
 PORT_ATTEMPTS = 3
 RANK_ENV = "GPUTRAIN_DIST_RANK"  # set in every rank started here
@@ -309,10 +313,7 @@ def _stop(context: Any, ranks: list[_RankProcess]) -> None:
     """Dump the stacks of ranks still running, kill every rank's group, let elastic reap."""
     running = [s for s in ranks if not s.finished]
     if running and hasattr(signal, "SIGUSR1"):
-        for state in running:
-            with contextlib.suppress(OSError):
-                os.kill(state.pid, signal.SIGUSR1)
-        time.sleep(STACK_WAIT_S)
+        _dump_stacks(running)
     for state in running:
         state.killed = True
     for state in ranks:
@@ -327,6 +328,36 @@ def _stop(context: Any, ranks: list[_RankProcess]) -> None:
         if state.exit_code is None:
             state.exit_code = state.process.returncode
         _collect(state)
+
+
+def _dump_stacks(running: list[_RankProcess]) -> None:
+    """Ask each running rank for its stacks (faulthandler writes them to its stack file on
+    SIGUSR1) and wait until each dump is written, or its rank ended, or STACK_WAIT_S passed."""
+    sizes = {state.rank: _size(state.dir / STACK_FILE) for state in running}
+    for state in running:
+        with contextlib.suppress(OSError):
+            os.kill(state.pid, signal.SIGUSR1)
+    grew_at: dict[int, float] = {}
+    waiting = list(running)
+    deadline = time.monotonic() + STACK_WAIT_S
+    while waiting and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        for state in list(waiting):
+            size = _size(state.dir / STACK_FILE)
+            if size != sizes[state.rank]:
+                sizes[state.rank], grew_at[state.rank] = size, now
+                continue
+            written = state.rank in grew_at and now - grew_at[state.rank] >= STACK_SETTLE_S
+            if written or _exit_code(state) is not None:
+                waiting.remove(state)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _read_text(path: Path) -> str:

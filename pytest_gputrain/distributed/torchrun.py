@@ -53,7 +53,9 @@ TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent in every worker
 HUNG_EXIT = 3  # the exit code of a rank that ends its own process, stuck past its time
 POLL_S = 0.05
 FAILURE_GRACE_S = 2.0  # after a rank failed, how long the others may take to post theirs
-STACK_WAIT_S = 1.0  # after asking for stacks, how long to wait for them
+# After asking for stacks, the longest wait for them: a rank's heartbeat posts its stack within a
+# beat, later on a loaded host; the wait ends as soon as every missing rank answered.
+STACK_WAIT_S = 10.0
 STORE_TIMEOUT_S = 300.0
 _launches = itertools.count()
 _store: list[Any] = []  # torchrun's rendezvous store, connected once per process
@@ -143,7 +145,7 @@ def run_here(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, A
         missing = [r for r in range(size) if r not in outcomes]
         if missing:
             store.set("dump", "1")
-            time.sleep(STACK_WAIT_S)
+            _await_stacks(store, missing)
         ended = time.monotonic()
         record = _record(settings, store, outcomes, missing, started, ended, timed_out)
     finally:
@@ -206,6 +208,19 @@ def _gather(store: Any, size: int, deadline: float | None
                 return outcomes, False
         if deadline is not None and now > deadline:
             return outcomes, True
+        time.sleep(POLL_S)
+
+
+def _await_stacks(store: Any, missing: list[int]) -> None:
+    """Until each missing rank posted its stack, or its outcome after all (a late rank that
+    finished posts none), or STACK_WAIT_S passed (a rank whose host is gone)."""
+    deadline = time.monotonic() + STACK_WAIT_S
+    waiting = list(missing)
+    while True:
+        waiting = [r for r in waiting
+                   if not store.check([f"stack/{r}"]) and not store.check([f"outcome/{r}"])]
+        if not waiting or time.monotonic() > deadline:
+            return
         time.sleep(POLL_S)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,18 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
 class RuleFileError(ValueError):
     """A rule file (or a rule setting) is malformed."""
+
+
+def text_block(text: str) -> str:
+    """A multi-line TOML string as a block: its common indentation and its blank first and last
+    lines removed, every other line's indentation kept (a code example's first line included,
+    which ``str.strip`` would flatten)."""
+    lines = textwrap.dedent(text).splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join(line.rstrip() for line in lines)
 
 
 @dataclass(frozen=True)
@@ -230,7 +243,7 @@ def load_rule_file(path: Path) -> Rule:
         evidence=tuple(values.evidence),
         references=tuple(values.references),
         params=dict(values.params),
-        docs={k: v.strip() for k, v in values.docs.model_dump(exclude_none=True).items()},
+        docs={k: text_block(v) for k, v in values.docs.model_dump(exclude_none=True).items()},
         path=path,
     )
 

@@ -95,9 +95,9 @@ class LadderError(RuntimeError):
 
 
 def _torch() -> Any:
-    import torch
+    from pytest_gputrain.collect.torch_import import import_torch
 
-    return torch
+    return import_torch()
 
 
 def _check_precision(precision: str) -> None:

@@ -259,8 +259,10 @@ def resolve_device(device: object) -> tuple[str, Any]:
         return "cpu", None
     if text is None and "torch" not in sys.modules:
         return "cpu", None
+    from pytest_gputrain.collect.torch_import import import_torch
+
     try:
-        import torch
+        torch = import_torch()
     except Exception as exc:
         if text is not None:
             raise RuntimeError(f"gpu_benchmark: device={device!r} needs torch, which cannot be "

@@ -61,7 +61,9 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
                              "default) or median")
     parser.add_argument("--force", action="store_true",
                         help="compare even when the environment fingerprints differ")
-    parser.add_argument("--format", choices=("text", "md", "json"), default="text")
+    parser.add_argument("--format", choices=("text", "md", "json"), default="text",
+                        help="text: for the terminal (default); md: Markdown for a CI summary; "
+                             "json: the same report, for a program")
     parser.set_defaults(func=cmd_compare)
     return parser
 

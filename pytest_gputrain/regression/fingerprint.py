@@ -144,8 +144,10 @@ def _read_torch(fingerprint: Fingerprint, device: str) -> None:
     fingerprint["torch_version"] = _torch_distribution_version()
     torch = sys.modules.get("torch")
     if torch is None and device.startswith("cuda"):
+        from pytest_gputrain.collect.torch_import import import_torch
+
         try:
-            import torch
+            torch = import_torch()
         except Exception:
             return
     if torch is None:

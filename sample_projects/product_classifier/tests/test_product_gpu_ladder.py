@@ -1,4 +1,4 @@
-"""The readiness ladder with pytest-gputrain (BRIEF section 1): prove the driver, prove CUDA,
+"""The readiness ladder with pytest-gputrain (its docs/ladder.md): prove the driver, prove CUDA,
 prove one batch, then scale. The session ends with the ladder's table; on a machine without a
 GPU the GPU rungs skip with the reason and `--gpu-diagnose` explains why there is no GPU."""
 

@@ -1,4 +1,4 @@
-"""The readiness ladder for this project, rung by rung (BRIEF section 1).
+"""The readiness ladder for this project, rung by rung (pytest-gputrain's docs/ladder.md).
 
 Each rung reuses the training code itself (train.py), so a rung that passes says something
 about the real run, not about a test double.
