@@ -23,10 +23,11 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pytest_gputrain.facts import EnvironmentFacts
+# The session's ``facts.EnvironmentFacts``. Named, not imported: facts.py registers the scopes
+# that read it, so the registry stays below the models it holds.
+EnvironmentFacts = Any
 
 # name -> (value, unit, why unknown)
 Namespace = Mapping[str, tuple[Any, str | None, str | None]]

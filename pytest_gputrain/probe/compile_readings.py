@@ -18,11 +18,19 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
-    from pytest_gputrain.probe.torch_hooks import Installation
+
+
+
+class SyncWrappers(Protocol):
+    """The installation's part compile handling needs (``torch_hooks.Installation``; named by
+    its one method, so this module stays below the hooks that import it)."""
+
+    def drop_sync_wrappers(self) -> list[str]: ...
+
 
 # "unimplemented" entries written when a frame hits the recompile limit: torch 2.13 says
 # "Dynamo recompile limit exceeded"; earlier versions "cache_size_limit reached".
@@ -166,7 +174,7 @@ class CompileWatch:
     and at the end (``read_*``), and the steps in which a compilation began or dynamo was reset
     (``on_compile_start`` and ``on_dynamo_reset``, hook callbacks of ``ProbeCallbacks``)."""
 
-    def __init__(self, probe: ProbeCallbacks, install: Installation) -> None:
+    def __init__(self, probe: ProbeCallbacks, install: SyncWrappers) -> None:
         self.probe = probe
         self.record = probe.record
         self.install = install

@@ -14,10 +14,14 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pytest_gputrain.probe.callbacks import ProbeCallbacks
+
+class BatchListener(Protocol):
+    """What a wrapped ``__next__`` tells (the probe's ``on_batch``; declared here, beside its
+    one caller, so that the loader stays below the probe's callbacks and record)."""
+
+    def on_batch(self, iterator: Any, batch: Any, wait: float) -> None: ...
 
 _perf = time.perf_counter
 INSPECTED_BATCHES = 2
@@ -192,7 +196,7 @@ def small_host_tensors(value: Any, depth: int = 0) -> int:
     return sum(small_host_tensors(item, depth + 1) for item in items[:16])
 
 
-def wrap_next(original: Callable[[Any], Any], probe: ProbeCallbacks) -> Callable[[Any], Any]:
+def wrap_next(original: Callable[[Any], Any], probe: BatchListener) -> Callable[[Any], Any]:
     def __next__(self: Any) -> Any:
         started = _perf()
         batch = original(self)  # StopIteration and loader errors pass through untouched
