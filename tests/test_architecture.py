@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "scopes", "facts", "findings",
                               "severity", "options", "xdist", "hookspecs", "versions",
-                              "percentiles"})),
+                              "percentiles", "series"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnose", "report"})),
