@@ -80,11 +80,17 @@ def pytest_configure(config: pytest.Config) -> None:
                           else DiagnoseSession(config, settings, engine))
     config.stash[options.DIAGNOSIS_KEY] = session
     config.pluginmanager.register(session, PLUGIN_NAME)
+    from pytest_gputrain.report import test_outputs  # findings on each test's own report
+
+    test_outputs.register(config, session, settings.annotations)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(options.DIAGNOSIS_KEY, None)
     if session is not None:
+        from pytest_gputrain.report import test_outputs
+
+        test_outputs.unregister(config)
         del config.stash[options.DIAGNOSIS_KEY]
         config.pluginmanager.unregister(session)
 

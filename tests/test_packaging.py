@@ -6,6 +6,7 @@ import importlib.metadata
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,17 @@ def test_the_cli_prints_the_version() -> None:
         pytest.skip("the pytest-gputrain console script is not installed in this environment")
     console = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
     assert (console.returncode, console.stdout, console.stderr) == (0, expected, "")
+
+
+def test_the_wheel_ships_the_rules_and_the_html_report_s_files(tmp_path: Path) -> None:
+    builders = pytest.importorskip("hatchling.builders.wheel",
+                                   reason="hatchling (the build backend) is not installed")
+    wheel, = builders.WheelBuilder(str(ROOT)).build(directory=str(tmp_path),
+                                                    versions=["standard"])
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    report = "pytest_gputrain/report/"
+    assert {report + "templates/report.html.j2", report + "static/uPlot.iife.min.js",
+            report + "static/uPlot.min.css", report + "static/uPlot.LICENSE",
+            report + "static/report.js", report + "static/report.css"} <= names
+    assert "pytest_gputrain/rules/GT001-no-nvidia-driver.toml" in names
