@@ -211,6 +211,30 @@ def benchmark_comparison() -> Case:
     return Case("benchmark_comparison", healthy().facts, {"benchmarks": section})
 
 
+def ladder() -> Case:
+    """The healthy run's session with the sample project's readiness ladder (README's H200
+    table) and its largest-batch search."""
+    from pytest_gputrain.ladder.rungs import HeadroomRecord, LadderResults, RungRecord
+    from pytest_gputrain.ladder.table import render
+
+    MiB = 2**20
+    results = LadderResults("product", rungs=[
+        RungRecord("one batch", "cuda", "fp32", 32, 1, 0.2365),
+        RungRecord("short run", "cuda", "fp32", 32, 50, 0.0129, int(849.8 * MiB),
+                   utilization_p10=17, utilization_p90=20, temperature_min=34,
+                   temperature_max=35, val_accuracy=0.948),
+        RungRecord("short run", "cuda", "bf16", 32, 50, 0.0124, int(807.7 * MiB),
+                   utilization_p10=1, utilization_p90=23, temperature_min=34,
+                   temperature_max=35, val_accuracy=0.88)],
+        headroom=[HeadroomRecord("bf16", 4 * GiB, [(32, int(794.6 * MiB)),
+                                                   (571, int(1.4 * GiB)),
+                                                   (1143, int(2.1 * GiB))],
+                                 2591, True, int(3.8 * GiB))])
+    # The section as the ladder hands it to the diagnosis (ladder/plugin.py).
+    section = {**results.as_dict(), "markdown": render(results, tablefmt="github")}
+    return Case("ladder", healthy().facts, {"ladder: product": section})
+
+
 def many_tests(count: int) -> Case:
     """``count`` recorded runs like the healthy one (every fifth starved), each of 3,000 steps
     and over two minutes of NVML samples: the size of a large suite's report."""
@@ -239,4 +263,4 @@ def many_tests(count: int) -> Case:
 
 CASES = {"healthy": healthy, "starved_loader": starved_loader, "out_of_memory": out_of_memory,
          "throttled": throttled, "straggler": straggler,
-         "benchmark_comparison": benchmark_comparison}
+         "benchmark_comparison": benchmark_comparison, "ladder": ladder}

@@ -179,6 +179,16 @@ def test_the_benchmark_shows_each_side_s_sessions(open_case: Any) -> None:
     assert page.page.get_by_text("step_time: REGRESSION").is_visible()
 
 
+def test_the_ladder_shows_its_rungs_and_its_memory_per_batch_fit(open_case: Any) -> None:
+    page, _ = open_case(report_cases.ladder())
+    rows = page.page.locator("#ladder > table tr").count()
+    assert rows == 4  # the header and three rungs
+    fit = page.page.locator(".ladder-fit")
+    # the probes, the fitted line, the budget and the verified run
+    assert fit.get_attribute("data-series") == "4"
+    assert page.page.get_by_text("Largest batch that fits: 2591").is_visible()
+
+
 def test_filters_by_severity_code_and_outcome(open_case: Any) -> None:
     data = json.loads(report_cases.out_of_memory().facts.model_dump_json())
     for case, nodeid in ((report_cases.starved_loader(), "tests/test_data.py::test_loader"),
