@@ -27,6 +27,7 @@ from pytest_gputrain.report.page import anchor_of
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".gputrain" / "screenshots"
+MANY_MAX_BYTES = 6_000_000  # a report of 500 tests stays a few MB (test_report_html.py too)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -242,7 +243,7 @@ def test_a_500_test_report_opens_quickly(browser: Any, tmp_path: Path) -> None:
         count = page.page.locator("details.test").count()
         print(f"\n500-test report: {path.stat().st_size / 1e6:.2f} MB, opened in "
               f"{page.load_seconds:.2f} s")
-        assert count == 500
+        assert count == 500 and path.stat().st_size < MANY_MAX_BYTES  # no bound on the time
         page.screenshot("many_tests", full_page=False)
     finally:
         page.close()
