@@ -1,6 +1,7 @@
 """``python -m pytest_gputrain``: replay recorded facts, list and explain the rules.
 
     python -m pytest_gputrain replay facts.json [--format text|json|md] [--fail-on error]
+                                                [--report html:report.html]
     python -m pytest_gputrain rules [--scope device]
     python -m pytest_gputrain explain GT007
     python -m pytest_gputrain facts [--scope session]
@@ -27,12 +28,13 @@ from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError, text_block
 from pytest_gputrain.facts import FactsFile
+from pytest_gputrain.findings import Finding
 from pytest_gputrain.ini_settings import (
     ProjectSettings,
     ProjectSettingsError,
     read_project_settings,
 )
-from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on
+from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on, parse_report_target
 from pytest_gputrain.plugin import load_features
 from pytest_gputrain.units import printable
 
@@ -120,6 +122,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         where = ".".join(str(p) for p in first["loc"])
         raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
                        f"({exc.error_count()} problem(s))") from None
+    _write_reports(args.report or [], facts, findings, fail_on)
     if args.format == "json":
         sys.stdout.write(report_json(build_report(facts.environment, findings, fail_on)))
     elif args.format == "md":
@@ -129,6 +132,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print()
         print("\n".join(findings_lines(findings, verbose=args.verbose)))
     return 1 if fails(findings, fail_on) else 0
+
+
+def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding],
+                   fail_on: str) -> None:
+    """``--report FORMAT:PATH`` files, as ``--gpu-report`` writes them (the HTML page too)."""
+    from pytest_gputrain.outputs import append_text, write_output
+    from pytest_gputrain.report.markdown import report_markdown
+    from pytest_gputrain.report.model import build_report, report_json
+
+    for text in targets:
+        try:
+            target = parse_report_target(text, Path.cwd(), os.environ)
+        except ValueError as exc:
+            raise CliError(f"--report: {exc}") from None
+        report = build_report(facts.environment, findings, fail_on)
+        if target.format == "html":
+            from pytest_gputrain.report.html import report_html
+
+            content = report_html(report, facts)
+        else:
+            content = report_json(report) if target.format == "json" else report_markdown(report)
+        try:
+            (append_text if target.append else write_output)(target.path, content)
+        except OSError as exc:
+            raise CliError(f"--report: could not write {target.path}: "
+                           f"{exc.strerror or exc}") from None
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -234,6 +263,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     replay.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="default: the ini file's gpu_fail_on, else error")
     replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
+    replay.add_argument("--report", action="append", metavar="FORMAT:PATH",
+                        help="also write a report file, as pytest's --gpu-report: html:PATH "
+                             "(the page with each test's timeline), json:PATH or md:PATH, or a "
+                             "path ending in .html, .json or .md; repeatable")
     rule_options(replay)
     replay.set_defaults(func=cmd_replay)
 

@@ -336,6 +336,11 @@ class DiagnosisSession(Diagnosis):
         from pytest_gputrain.report.model import build_report, report_json
 
         report = build_report(self.environment, findings, self.settings.fail_on, self.sections())
+        if form == "html":
+            from pytest_gputrain.report.html import report_html
+            from pytest_gputrain.report.test_outputs import test_results
+
+            return report_html(report, self.facts_file(), test_results(self.config))
         return report_json(report) if form == "json" else report_markdown(report)
 
 

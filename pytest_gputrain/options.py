@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 FAIL_ON = ("error", "warning", "never")
-REPORT_FORMATS = ("json", "md")
+REPORT_FORMATS = ("json", "md", "html")
+ANNOTATIONS = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,10 @@ OPTIONS: tuple[Option, ...] = (
            "(header, findings table, reports); a run with no tests still diagnoses the machine. "
            "Any other option of the diagnosis on the command line turns it on too",
            kind="bool", default=False),
-    Option("--gpu-report", "gpu_report", "write the diagnosis to PATH: .json (versioned schema) "
-           "or .md (for CI summaries), or name the format: md:PATH, json:PATH; Markdown to "
-           "$GITHUB_STEP_SUMMARY is appended; repeatable; turns the diagnosis on",
+    Option("--gpu-report", "gpu_report", "write the diagnosis to PATH: .json (versioned schema), "
+           ".md (for CI summaries) or .html (one self-contained page with each test's timeline), "
+           "or name the format: md:PATH, json:PATH, html:PATH; Markdown to $GITHUB_STEP_SUMMARY "
+           "is appended; repeatable; turns the diagnosis on",
            kind="args", default=[], metavar="PATH"),
     Option("--gpu-fail-on", "gpu_fail_on", "fail the run when a finding reaches this severity: "
            "error (default), warning or never", default="error", metavar="LEVEL"),
@@ -53,6 +55,10 @@ OPTIONS: tuple[Option, ...] = (
            "e.g. GT016.min_shm=1GiB", kind="args", default=[], metavar="CODE.PARAM=VALUE"),
     Option("--gpu-rules-dir", "gpu_rules_dirs", "extra folder of rule files (GT###-name.toml); "
            "repeatable", kind="args", default=[], metavar="DIR"),
+    Option("--gpu-annotations", "gpu_annotations", "print each warning-or-worse finding about "
+           "a test as a GitHub Actions annotation at the test's line: auto (when "
+           "GITHUB_ACTIONS=true, the default), always or never", default="auto",
+           metavar="WHEN"),
     Option("--gpu-facts-out", "gpu_facts_out", "write the collected facts to PATH (JSON) for "
            "`python -m pytest_gputrain replay PATH` on any machine; turns the diagnosis on",
            metavar="PATH"),
@@ -141,7 +147,7 @@ class ReportTarget:
     """One ``--gpu-report``: where, in which format, and whether to append (the step summary)."""
 
     path: Path
-    format: str  # "json" or "md"
+    format: str  # "json", "md" or "html"
     append: bool = False
 
 
@@ -151,6 +157,7 @@ class Settings:
     reports: list[ReportTarget] = field(default_factory=list)
     fail_on: str = "error"
     facts_out: Path | None = None
+    annotations: bool = False  # GitHub Actions workflow annotations of the tests' findings
 
 
 def resolve_path(text: str, base: Path) -> Path:
@@ -164,7 +171,8 @@ def resolve_path(text: str, base: Path) -> Path:
 
 
 def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> ReportTarget:
-    """``report.json``, ``summary.md``, ``md:PATH`` or ``json:PATH``; ValueError if none."""
+    """``report.json``, ``summary.md``, ``report.html``, or ``FORMAT:PATH`` (md, json, html);
+    ValueError if none."""
     kind, sep, rest = text.partition(":")
     if sep and kind.lower() in REPORT_FORMATS and rest:
         form, path = kind.lower(), resolve_path(rest, base)
@@ -173,8 +181,9 @@ def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> Re
         form = path.suffix.lower().removeprefix(".")
         if form not in REPORT_FORMATS:
             raise ValueError(
-                f"{text!r} must end in .json or .md, or name its format: md:PATH or json:PATH "
-                f"(e.g. --gpu-report=gpu-report.json, --gpu-report=md:${STEP_SUMMARY})")
+                f"{text!r} must end in .json, .md or .html, or name its format: md:PATH, "
+                f"json:PATH or html:PATH (e.g. --gpu-report=gpu-report.json, "
+                f"--gpu-report=md:${STEP_SUMMARY})")
     summary = environ.get(STEP_SUMMARY)
     try:
         append = (form == "md" and bool(summary)
@@ -191,6 +200,15 @@ def parse_fail_on(value: object) -> str:
     if level not in FAIL_ON:
         raise ValueError(f"{level!r} is not one of {', '.join(FAIL_ON)}")
     return level
+
+
+def parse_annotations(value: object, environ: Mapping[str, str]) -> bool:
+    """Whether to print workflow annotations: ``auto`` (the default) under GitHub Actions only,
+    ``always``, ``never``; ValueError naming anything else."""
+    when = str(value or "auto").strip().lower()
+    if when not in ANNOTATIONS:
+        raise ValueError(f"{when!r} is not one of {', '.join(ANNOTATIONS)}")
+    return when == "always" or (when == "auto" and environ.get("GITHUB_ACTIONS") == "true")
 
 
 def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
@@ -217,6 +235,10 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
             reports.append(parse_report_target(str(text), base, os.environ))
         except ValueError as exc:
             raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
+    try:
+        annotations = parse_annotations(read(config, "gpu_annotations"), os.environ)
+    except ValueError as exc:
+        raise pytest.UsageError(f"gpu_annotations / --gpu-annotations: {exc}") from None
     facts_out, base = read_with_base(config, "gpu_facts_out")
     try:
         facts_path = resolve_path(str(facts_out), base) if facts_out else None
@@ -233,4 +255,5 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
         reports=reports,
         fail_on=fail_on,
         facts_out=facts_path,
+        annotations=annotations,
     )

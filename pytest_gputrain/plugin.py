@@ -84,9 +84,16 @@ def pytest_configure(config: pytest.Config) -> None:
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
                           else DiagnosisSession(config, settings, engine))
     feature_plugins.register(config, options.DIAGNOSIS_KEY, session, PLUGIN_NAME)
+    from pytest_gputrain.report import test_outputs  # findings on each test's own report
+
+    test_outputs.register(config, session, settings.annotations)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if options.DIAGNOSIS_KEY in config.stash:
+        from pytest_gputrain.report import test_outputs
+
+        test_outputs.unregister(config)
     feature_plugins.unregister(config, options.DIAGNOSIS_KEY)
 
 

@@ -23,7 +23,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "outputs", "scopes", "facts",
                               "findings", "severity", "options", "xdist", "hookspecs", "versions",
-                              "percentiles", "ini_settings", "feature_plugins"})),
+                              "percentiles", "series", "ini_settings", "feature_plugins"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnosis", "report"})),

@@ -125,7 +125,7 @@ def test_json_and_markdown_reports(
     ("args", "message"),
     [
         (["--gpu-fail-on=sometimes"], "*gpu_fail_on*'sometimes' is not one of error, warning*"),
-        (["--gpu-report=report.txt"], "*gpu_report*'report.txt' must end in .json or .md*"),
+        (["--gpu-report=report.txt"], "*gpu_report*'report.txt' must end in .json, .md or .html*"),
         (["--gpu-severity=GT016=fatal"], "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
         (["--gpu-severity=GT999=error"], "*gpu_severity: no rule with code GT999*"),
         (["--gpu-rule-param=GT016.min_shm=lots"], "*GT016.min_shm='lots'*invalid size*"),

@@ -7,6 +7,7 @@ import importlib.metadata
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,17 @@ def test_tox_environments_that_run_pytest_install_torch_and_tox_has_an_extra() -
         assert any(dep.startswith("torch") for dep in deps), f"{section} installs no torch"
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert any(dep.startswith("tox") for deps in extras.values() for dep in deps)
+
+
+def test_the_wheel_ships_the_rules_and_the_html_report_s_files(tmp_path: Path) -> None:
+    builders = pytest.importorskip("hatchling.builders.wheel",
+                                   reason="hatchling (the build backend) is not installed")
+    wheel, = builders.WheelBuilder(str(ROOT)).build(directory=str(tmp_path),
+                                                    versions=["standard"])
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    report = "pytest_gputrain/report/"
+    assert {report + "templates/report.html.j2", report + "static/uPlot.iife.min.js",
+            report + "static/uPlot.min.css", report + "static/uPlot.LICENSE",
+            report + "static/report.js", report + "static/report.css"} <= names
+    assert "pytest_gputrain/rules/GT001-no-nvidia-driver.toml" in names

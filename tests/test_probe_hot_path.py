@@ -71,12 +71,12 @@ def test_a_long_run_reads_the_allocator_a_few_dozen_times_per_doubling() -> None
     steps = probe.record.steps
     reads: list[int] = []
 
-    def read_allocated() -> int:  # stands in for the allocator: answers the step number
+    def read_memory() -> tuple[int, int]:  # stands in for the allocator: the step number
         reads.append(len(steps.times))
-        return len(steps.times)
+        return len(steps.times), 2 * len(steps.times)
 
     probe.start()
-    probe._read_allocated = read_allocated
+    probe._read_memory = read_memory
     try:
         _train(model, optimizer, 1000)
     finally:
@@ -85,6 +85,7 @@ def test_a_long_run_reads_the_allocator_a_few_dozen_times_per_doubling() -> None
     # up to step 512, then every 16th step: 31 more up to step 993.
     assert len(reads) == 64 + 32 * 3 + 31 and steps.allocated_stride == 16
     assert steps.allocated == [1 + 16 * i for i in range(63)]
+    assert steps.reserved == [2 * value for value in steps.allocated]
 
 
 def _record(allocated: list[int], stride: int, warmup: int = 2) -> RunRecord:

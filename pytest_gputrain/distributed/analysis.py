@@ -47,12 +47,15 @@ def step_analysis(probes: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     step_medians: dict[int, float | None] = {}
     busy_medians: dict[int, float | None] = {}
     wait_fractions: dict[int, float | None] = {}
+    # Seconds each step waited at the synchronisation point (0 for the first, start-up step).
+    step_waits: dict[int, list[float]] = {}
     for r in ranks:
         ends = step_ends[r]
         intervals = {k: ends[k] - ends[k - 1] for k in range(max(1, WARMUP_STEPS), len(ends))}
         step_medians[r] = median(list(intervals.values()))
         busy: list[float] = []
         waits: list[float] = []
+        step_waits[r] = [0.0] * (len(ends) - len(intervals))
         for k, interval in intervals.items():
             # Arrivals in interval k (after step k-1 ended) are keyed k by the ranks.
             moments = [arrivals[other].get(k) for other in ranks]
@@ -62,13 +65,19 @@ def step_analysis(probes: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
             else:
                 wait = 0.0
             wait = min(wait, interval)
+            step_waits[r].append(wait)
             busy.append(interval - wait)
             waits.append(wait / interval if interval > 0 else 0.0)
         busy_medians[r] = median(busy)
         wait_fractions[r] = median(waits)
     known = {r: v for r, v in busy_medians.items() if v is not None}
+    events = [t for r in ranks for t in (*step_ends[r], *arrivals[r].values())]
+    origin = min(events) if events else 0.0
     result: dict[str, Any] = {
         "steps": [steps[r] for r in ranks],
+        # On one clock for every rank: seconds since the first moment any rank recorded.
+        "step_ends": [[t - origin for t in step_ends[r]] for r in ranks],
+        "step_waits": [step_waits[r] for r in ranks],
         "step_time_medians": [step_medians[r] for r in ranks],
         "busy_time_medians": [busy_medians[r] for r in ranks],
         "wait_fractions": [wait_fractions[r] for r in ranks],

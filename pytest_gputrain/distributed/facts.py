@@ -50,6 +50,12 @@ class RankFacts(BaseModel):
                              description="innermost frames of the main thread when killed "
                                          "(or, under torchrun, left running)")
     error: str | None = fact(doc="the rank's exception, one line")
+    # For the pictures of the launch (the HTML report's lanes): every rank on one clock.
+    step_ends: list[float] = Field(
+        default_factory=list, description="s since the first moment any rank recorded: the end "
+        "of each kept optimizer step (at most 600, thinned keeping the longest and shortest)")
+    step_waits: list[float] = Field(
+        default_factory=list, description="s each kept step waited for the other ranks")
 
 
 class DistributedRunFacts(FactGroup):

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.distributed import analysis
 from pytest_gputrain.distributed.facts import DistributedRunFacts, RankFacts
+from pytest_gputrain.series import gaps, keep_extremes
+
+LANE_POINTS = 600  # at most this many steps per rank in the facts
 
 if TYPE_CHECKING:
     from pytest_gputrain.distributed.errors import RankFailure
@@ -45,6 +48,7 @@ def build_facts(record: LaunchRecord, test: str | None,
             stack=list(rank.stack) if rank.stuck else [],
             error=(f"{rank.error.type}: {analysis.tail(rank.error.message, 1)}"
                    if rank.error is not None else None),
+            **_lane(steps, index),
         ))
     names = [r.device_name for r in ranks if r.device_name]
     gpu_names = [r.device_name for r in ranks
@@ -105,6 +109,16 @@ def build_facts(record: LaunchRecord, test: str | None,
     if error is not None:
         _failure_facts(facts, record, error)
     return facts
+
+
+def _lane(steps: dict[str, Any], index: int) -> dict[str, list[float]]:
+    """The rank's step ends and waits, thinned to LANE_POINTS keeping the extremes."""
+    if not steps:
+        return {}
+    ends, waits = steps["step_ends"][index], steps["step_waits"][index]
+    kept = keep_extremes([gaps(ends), waits], LANE_POINTS) if ends else []
+    return {"step_ends": [round(ends[i], 4) for i in kept],
+            "step_waits": [round(waits[i], 4) for i in kept]}
 
 
 def _seen_backend(probes: dict[int, dict[str, Any]]) -> str | None:

@@ -47,13 +47,16 @@ def pinned_host_stats(torch: Any) -> dict[str, int]:
         return {}
 
 
-def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
-    """A per-step read of the bytes allocated on cuda:index: the allocator's host-side counter
-    (no synchronisation), through the raw binding where it answers."""
+def memory_reader(torch: Any, index: int) -> Callable[[], tuple[int, int]]:
+    """A per-step read of the bytes allocated and reserved on cuda:index: the allocator's
+    host-side counters (no synchronisation), both from one read of its statistics through the
+    raw binding where it answers."""
     raw = getattr(torch._C, "_cuda_memoryStats", None)
     if raw is not None:
-        def read_raw() -> int:
-            return int(raw(index)["allocated_bytes"]["all"]["current"])
+        def read_raw() -> tuple[int, int]:
+            stats = raw(index)
+            return (int(stats["allocated_bytes"]["all"]["current"]),
+                    int(stats["reserved_bytes"]["all"]["current"]))
         try:
             read_raw()
         except Exception:
@@ -61,8 +64,8 @@ def allocated_reader(torch: Any, index: int) -> Callable[[], int]:
         else:
             return read_raw
 
-    def read() -> int:
-        return int(torch.cuda.memory_allocated(index))
+    def read() -> tuple[int, int]:
+        return int(torch.cuda.memory_allocated(index)), int(torch.cuda.memory_reserved(index))
     return read
 
 

@@ -47,7 +47,7 @@ class NvmlTimelineReader:
                 reading.value if reading.ok else None
                 for reading in nvml.read_power_limits(index))
             timeline.session_pids = nvml.session_process_ids()
-            timeline.pids_read = time.perf_counter()
+            timeline.pids_read = timeline.started = time.perf_counter()
             self._sampler = NvmlSampler(index, NVML_INTERVAL, read=self.read).start()
         except Exception as exc:
             timeline.index = None

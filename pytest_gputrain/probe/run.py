@@ -39,9 +39,9 @@ from pytest_gputrain.probe import run_facts_builder as builder
 from pytest_gputrain.probe.compile_readings import CompileWatch
 from pytest_gputrain.probe.cuda_readings import (
     CallReadings,
-    allocated_reader,
     allocator_backend,
     device_budget,
+    memory_reader,
     memory_stats,
     read_backend_flags,
 )
@@ -77,7 +77,7 @@ class RunProbe:
         self.reset_peak = reset_peak
         self._t_start = now = _perf()
         self.record = RunRecord(
-            nodeid=nodeid, warmup=warmup, profile_steps=profile_steps,
+            nodeid=nodeid, warmup=warmup, profile_steps=profile_steps, started=now,
             steps=StepSeries(last_t=now),
             loader=LoaderWaits(LoaderTracker(cuda_initialized=self._cuda_initialized)))
         self.disabled = False
@@ -103,7 +103,8 @@ class RunProbe:
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
-        self._read_allocated: Callable[[], int] | None = None  # set at the first step on CUDA
+        # allocated and reserved bytes; set at the first step on CUDA
+        self._read_memory: Callable[[], tuple[int, int]] | None = None
         self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
         self._profiler_enabled = _profiler_probe(torch)
         # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
@@ -159,7 +160,7 @@ class RunProbe:
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())
-        self._t_start = record.steps.last_t = _perf()
+        self._t_start = record.steps.last_t = record.started = _perf()
 
     def stop(self, cuda_ok: bool = True) -> None:
         """Remove every hook; with ``cuda_ok`` False (a sticky CUDA error) make no CUDA call."""
@@ -310,9 +311,9 @@ class RunProbe:
         ``settings_timeline.EVERY`` steps like the settings a test may change inside itself."""
         record = self.record
         steps = record.steps
-        read_allocated = self._read_allocated
-        if read_allocated is not None and steps.allocated_due(count - 1):
-            steps.add_allocated(read_allocated())
+        read_memory = self._read_memory
+        if read_memory is not None and steps.allocated_due(count - 1):
+            steps.add_allocated(*read_memory())
         in_window = steps.in_window
         if not in_window and self._profiler_enabled():
             record.settings.user_profiler_steps += 1
@@ -358,7 +359,7 @@ class RunProbe:
         if index not in record.allocator.start:
             record.allocator.start[index] = {}
         record.allocator.backend = allocator_backend(torch)
-        self._read_allocated = allocated_reader(torch, index)
+        self._read_memory = memory_reader(torch, index)
         self._read_fraction = settings_timeline.fraction_reader(torch, index)
         oom_observer.attach(torch)
         if self.use_sampler:

@@ -8,7 +8,8 @@ Steady statistics leave out the warm-up steps and every step that is not ``StepF
 (the profiler window, the step right after it, a step that began a later epoch).
 
 Here: the steps, forwards and modules, the settings in force, the DataLoader, the layers and the
-NVML timeline. The allocator's facts are built in ``memory_facts_builder.py``, the profiler
+NVML timeline's statistics. The series for pictures are built in ``timeline_facts_builder.py``,
+the allocator's facts are built in ``memory_facts_builder.py``, the profiler
 window's (and the syncs and stalls judged against it) in ``window_facts_builder.py``, the
 training habits' (train/eval mode, empty_cache, optimizer, compile, DDP) in
 ``habit_facts_builder.py``.
@@ -45,6 +46,7 @@ from pytest_gputrain.probe.run_record import (
     RunRecord,
     StepFlag,
 )
+from pytest_gputrain.probe.timeline_facts_builder import timeline_facts
 from pytest_gputrain.probe.window_facts_builder import (
     busy_outside_window,
     profile_facts,
@@ -125,6 +127,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.layers = _layer_facts(forwards)
     run.stalls = stall_facts(record)
     run.nvml = _nvml_facts(record.nvml)
+    run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)
     run.compile = compile_facts(record)
     run.optimizer = optimizer_facts(record, steady, run.step_time)

@@ -55,17 +55,21 @@ class StepSeries:
     # second one is dropped and the stride doubles, so the readings stay evenly spaced and
     # a long run pays for a few dozen reads per doubling of its length.
     allocated: list[int] = field(default_factory=list)
+    reserved: list[int] = field(default_factory=list)  # read with allocated, from the same stats
     allocated_stride: int = 1
 
     def allocated_due(self, index: int) -> bool:
         """Step ``index`` (0-based) is one whose allocated bytes the series keeps."""
         return index % self.allocated_stride == 0
 
-    def add_allocated(self, value: int) -> None:
+    def add_allocated(self, value: int, reserved: int | None = None) -> None:
         allocated = self.allocated
         allocated.append(value)
+        if reserved is not None:
+            self.reserved.append(reserved)
         if len(allocated) >= ALLOCATED_CAPACITY:
             del allocated[1::2]
+            del self.reserved[1::2]
             self.allocated_stride *= 2
 
 
@@ -240,6 +244,7 @@ class NvmlTimeline:
 
     index: int | None = None  # NVML index; None: not sampling
     samples: list[DeviceSample] = field(default_factory=list)  # copied in when the test ends
+    started: float | None = None  # probe clock when the sampler started (its samples' t = 0)
     # This process and its pytest-xdist siblings (nvml.session_process_ids): not "others";
     # a process the test starts itself is another process.
     session_pids: set[int] = field(default_factory=set)
@@ -365,6 +370,7 @@ class RunRecord:
     cache: CacheCalls = field(default_factory=CacheCalls)
     compile: CompileReadings = field(default_factory=CompileReadings)
     ddp: DdpReadings = field(default_factory=DdpReadings)
+    started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)
     # The test's parameters name a CPU device (read from pytest before the test runs).

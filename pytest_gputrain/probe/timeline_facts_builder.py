@@ -1,0 +1,99 @@
+"""``RunRecord`` -> ``TimelineFacts``: the run's series on one clock, thinned for pictures.
+
+Every moment is turned into seconds since the test's call began (``RunRecord.started``): step
+ends are the running sum of the step times (the first step began at the start), the allocator
+readings sit at the end of the step they followed, NVML samples are shifted by the moment the
+sampler started, and out-of-memory moments by the probe clock they were read on. Pure
+functions, like the other builders.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from pytest_gputrain.probe.facts import TimelineFacts
+from pytest_gputrain.probe.run_record import NvmlTimeline, RunRecord
+from pytest_gputrain.series import keep_extremes, take
+
+TIMELINE_POINTS = 600  # at most this many points per series in the facts
+
+
+def _r(value: float) -> float:
+    return round(value, 4)  # 0.1 ms: finer than any step or sample the pictures show
+
+
+def timeline_facts(record: RunRecord, throttle_bits: int) -> TimelineFacts:
+    """The series of ``record``; ``throttle_bits``: the clock event reasons that count as a
+    throttle."""
+    timeline = TimelineFacts()
+    steps = record.steps
+    ends = list(itertools.accumulate(steps.times))
+    timeline.steps = len(ends)
+    if ends:
+        waits = steps.waits if len(steps.waits) == len(ends) else [0.0] * len(ends)
+        kept = keep_extremes([steps.times, waits], TIMELINE_POINTS)
+        timeline.step_end = [_r(t) for t in take(ends, kept)]
+        timeline.step_number = [index + 1 for index in kept]
+        timeline.step_time = [_r(t) for t in take(steps.times, kept)]
+        timeline.loader_wait = [_r(t) for t in take(waits, kept)]
+    _memory(timeline, record, ends)
+    _window(timeline, record, ends)
+    _nvml(timeline, record.nvml, record.started, throttle_bits)
+    timeline.oom_times = [_r(moment.t - record.started) for moment in record.oom_moments]
+    return timeline
+
+
+def _memory(timeline: TimelineFacts, record: RunRecord, ends: list[float]) -> None:
+    """The allocator's readings, after steps 1, 1 + s, 1 + 2s, ... (s: the stride)."""
+    steps = record.steps
+    stride = max(1, steps.allocated_stride)
+    count = min(len(steps.allocated), (len(ends) - 1) // stride + 1 if ends else 0)
+    timeline.memory_time = [_r(ends[i * stride]) for i in range(count)]
+    timeline.allocated = list(steps.allocated[:count])
+    if len(steps.reserved) >= count:
+        timeline.reserved = list(steps.reserved[:count])
+
+
+def _window(timeline: TimelineFacts, record: RunRecord, ends: list[float]) -> None:
+    """The profiler window: from the end of the step before its first to the end of its last."""
+    first, last = record.window_facts.get("first_step"), record.window_facts.get("last_step")
+    if not isinstance(first, int) or not isinstance(last, int) or not 1 <= first <= last:
+        why = "no profiler window ran" if not record.window_facts else "the window's steps "\
+            "are not known"
+        timeline.mark_unknown("window_start", why)
+        timeline.mark_unknown("window_end", why)
+        return
+    if last > len(ends):
+        timeline.mark_unknown("window_start", "the window ended after the last step seen")
+        return
+    timeline.window_start = _r(ends[first - 2]) if first >= 2 else 0.0
+    timeline.window_end = _r(ends[last - 1])
+
+
+def _nvml(timeline: TimelineFacts, nvml: NvmlTimeline, started: float,
+          throttle_bits: int) -> None:
+    samples = nvml.samples
+    if not samples or nvml.started is None:
+        timeline.unknown["nvml_time"] = ("no NVML samples (a CPU run, NVML unavailable or no "
+                                         "sample answered)")
+        return
+    shift = nvml.started - started
+    throttled = [None if s.clock_event_reasons is None else bool(s.clock_event_reasons
+                                                                  & throttle_bits)
+                 for s in samples]
+    columns: dict[str, list[float | int | None]] = {
+        "utilization": [s.utilization_gpu for s in samples],
+        "memory_used": [s.memory_used for s in samples],
+        "process_memory": [s.process_memory for s in samples],
+        "sm_clock": [s.sm_clock for s in samples],
+        "power": [s.power_draw for s in samples],
+        "temperature": [s.temperature for s in samples],
+    }
+    kept = keep_extremes([*columns.values(), throttled], TIMELINE_POINTS)
+    timeline.nvml_time = [_r(samples[i].t + shift) for i in kept]
+    for name, values in columns.items():
+        picked = take(values, kept)
+        if any(value is not None for value in picked):
+            setattr(timeline, name, picked)
+    if any(flag is not None for flag in throttled):
+        timeline.throttled = take(throttled, kept)

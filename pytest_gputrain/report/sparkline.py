@@ -1,0 +1,68 @@
+"""A compact, static picture of a test's timeline: one SVG line per chart of the HTML report.
+
+For pytest-html's report, where a test's extras are inserted as HTML and no script of ours runs:
+the HTML report's charts are drawn by uPlot, this small picture is plain SVG. Each row is the
+first series of one chart (GPU utilisation, memory, power, step time), scaled to its own range,
+with its range in words; the profiler window is shaded and the failure marked across all rows.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+WIDTH, ROW, LABEL = 640, 34, 14
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def timeline_svg(timeline: dict[str, Any]) -> str:
+    """The SVG of one ``timeline.run_timeline`` payload; "" when it has no chart."""
+    rows = []
+    for chart in timeline.get("charts", []):
+        table = chart["tables"][0]
+        series = table["series"][0]
+        points = [(x, y) for x, y in zip(table["x"], series["values"], strict=True)
+                  if y is not None]
+        if points:
+            rows.append((series, points))
+    if not rows:
+        return ""
+    end = max(float(timeline.get("end") or 0.0), 1e-3)
+    height = len(rows) * (ROW + LABEL)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height + 14}" '
+             f'viewBox="0 0 {WIDTH} {height + 14}" font-family="sans-serif" font-size="11" '
+             f'role="img" aria-label="timeline">']
+
+    def x_of(t: float) -> float:
+        return round(t / end * (WIDTH - 2) + 1, 1)
+
+    markers = timeline.get("markers", {})
+    if markers.get("window"):
+        a, b = (x_of(t) for t in markers["window"])
+        parts.append(f'<rect x="{a}" y="0" width="{max(1.0, b - a)}" height="{height}" '
+                     'fill="#888" fill-opacity="0.18"><title>profiler window</title></rect>')
+    for index, (series, points) in enumerate(rows):
+        top = index * (ROW + LABEL) + LABEL
+        values = [y for _, y in points]
+        low, high = min(values), max(values)
+        span = (high - low) or 1.0
+        line = " ".join(f"{x_of(x)},{round(top + ROW - (y - low) / span * ROW, 1)}"
+                        for x, y in points)
+        words = (f"{series['label']}: {_fmt(low)}–{_fmt(high)} {series['unit']}"
+                 if low != high else f"{series['label']}: {_fmt(low)} {series['unit']}")
+        parts.append(f'<text x="2" y="{top - 3}">{escape(words)}</text>')
+        parts.append(f'<polyline points="{line}" fill="none" stroke="#1f5fa8" '
+                     'stroke-width="1.2"/>')
+    failure = markers.get("failure")
+    if failure:
+        x = x_of(float(failure["t"]))
+        parts.append(f'<line x1="{x}" y1="0" x2="{x}" y2="{height}" stroke="#b42318" '
+                     'stroke-width="2"/>')
+        parts.append(f'<text x="{min(x + 3, WIDTH - 120)}" y="{height + 11}" fill="#b42318">'
+                     f'failure: {escape(str(failure["label"]))}</text>')
+    parts.append(f'<text x="{WIDTH - 2}" y="{height + 11}" text-anchor="end">'
+                 f'{_fmt(end)} s</text></svg>')
+    return "".join(parts)
