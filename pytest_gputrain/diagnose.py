@@ -21,6 +21,7 @@ Import-light: importing this module imports neither torch nor pydantic.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,9 @@ class Diagnosis:
         self.config = config
         self.engine = engine
         self._environment: EnvironmentFacts | None = None
+        # The user's variables as the session began: the environment is read when first
+        # needed, and by then torch (its profiler, in the probe's window) may have set some.
+        self._environ = dict(os.environ)
         self._records: dict[str, list[dict[str, Any]]] = {}
         self._sections: dict[str, tuple[Any, TerminalLines | None]] = {}
 
@@ -72,7 +76,7 @@ class Diagnosis:
     def _read_environment(self) -> EnvironmentFacts:
         from pytest_gputrain.collect import collect_environment
 
-        return collect_environment()
+        return collect_environment(environ=self._environ)
 
     def add_record(self, scope: str, record: BaseModel) -> Any:
         """Keep one record of ``scope`` (a registered scope that records, e.g. ``run``).
