@@ -46,6 +46,7 @@ WORKER_ENVIRONMENT = "gputrain_environment"
 WORKER_RECORDS = "gputrain_records"
 
 TerminalLines = Callable[[int], list[str]]
+MarkdownText = Callable[[], "str | None"]
 
 
 def diagnosis(config: pytest.Config) -> Diagnosis | None:
@@ -65,7 +66,7 @@ class Diagnosis:
         # needed, and by then torch (its profiler, in the probe's window) may have set some.
         self._environ = dict(os.environ)
         self._records: dict[str, list[dict[str, Any]]] = {}
-        self._sections: dict[str, tuple[Any, TerminalLines | None]] = {}
+        self._sections: dict[str, tuple[Any, TerminalLines | None, MarkdownText | None]] = {}
 
     @property
     def environment(self) -> EnvironmentFacts:
@@ -99,21 +100,23 @@ class Diagnosis:
         """The records of ``scope`` so far, as plain JSON data."""
         return list(self._records.get(scope, []))
 
-    def add_section(self, name: str, section: Any, terminal: TerminalLines | None = None) -> None:
+    def add_section(self, name: str, section: Any, terminal: TerminalLines | None = None,
+                    markdown: MarkdownText | None = None) -> None:
         """A section of the report files: ``sections[name]`` in the JSON report; a ``markdown``
         string in it is printed by the Markdown report.
 
         ``section`` is the value, or a function that gives it when the reports are written
         (None leaves it out), so that a section built from records is complete. ``terminal``
         gives the section's lines for the terminal summary (its argument: the width), printed
-        after the findings.
+        after the findings; ``markdown`` gives its Markdown (or None), for a section whose JSON
+        value is not an object with a ``markdown`` string.
         """
-        self._sections[name] = (section, terminal)
+        self._sections[name] = (section, terminal, markdown)
 
     def sections(self) -> dict[str, Any]:
         """The report sections, computed now."""
         result: dict[str, Any] = {}
-        for name, (section, _) in self._sections.items():
+        for name, (section, _, _) in self._sections.items():
             value = section() if callable(section) else section
             if value is not None:
                 result[name] = value
@@ -122,11 +125,20 @@ class Diagnosis:
     def terminal_lines(self, width: int) -> list[list[str]]:
         """Each section's terminal lines, where it has some."""
         blocks = []
-        for _, terminal in self._sections.values():
+        for _, terminal, _ in self._sections.values():
             lines = terminal(width) if terminal is not None else []
             if lines:
                 blocks.append(lines)
         return blocks
+
+    def markdown_sections(self) -> dict[str, str]:
+        """The Markdown of each section that gives its own, by name."""
+        result: dict[str, str] = {}
+        for name, (_, _, markdown) in self._sections.items():
+            text = markdown() if markdown is not None else None
+            if text:
+                result[name] = text
+        return result
 
     def facts_file(self) -> FactsFile:
         from pytest_gputrain.facts import FactsFile
@@ -164,7 +176,7 @@ class DiagnoseSession(Diagnosis):
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from pytest_gputrain.report.terminal import header_lines
 
-        return header_lines(self.environment)
+        return header_lines(self.environment, width=config.get_terminal_writer().fullwidth)
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -194,9 +206,10 @@ class DiagnoseSession(Diagnosis):
             terminalreporter.write_line("gputrain: no findings to show: the session was "
                                         "interrupted before the rules were evaluated")
         else:
-            width = max(60, terminalreporter._tw.fullwidth - 2)
+            width = max(MIN_WIDTH, terminalreporter._tw.fullwidth)
             verbose = self.config.getoption("verbose", 0) > 0
-            for line in findings_lines(findings, width=width, verbose=verbose):
+            for line in findings_lines(findings, width=width, verbose=verbose,
+                                       failure_reports=_printed_sections(terminalreporter)):
                 color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
                     line.split(" ", 1)[0], {})
                 terminalreporter.write_line(line, **color)
@@ -287,7 +300,26 @@ class DiagnoseSession(Diagnosis):
         from pytest_gputrain.report.model import build_report, report_json
 
         report = build_report(self.environment, findings, self.settings.fail_on, self.sections())
-        return report_json(report) if form == "json" else report_markdown(report)
+        if form == "json":
+            return report_json(report)
+        return report_markdown(report, self.markdown_sections())
+
+
+# Narrower terminals get lines of this width (they wrap): shorter ones would hold a word a line.
+MIN_WIDTH = 40
+
+
+def _printed_sections(terminalreporter: Any) -> dict[str, set[str]]:
+    """The findings pytest printed above the summary, in failed tests' reports (see
+    ``report.terminal.shown_in_reports``): none when it printed no report sections."""
+    from pytest_gputrain.report.terminal import shown_in_reports
+
+    option = terminalreporter.config.option
+    if option.tbstyle in ("no", "line") or option.showcapture != "all":
+        return {}
+    reports = [report for key in ("failed", "error")
+               for report in terminalreporter.stats.get(key, [])]
+    return shown_in_reports((report.nodeid, report.sections) for report in reports)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ start-up for the options); the probe's modules load when the diagnosis is on.
 
 from __future__ import annotations
 
+import shutil
 import sys
-import textwrap
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pytest_gputrain.probe.run import RunProbe
     from pytest_gputrain.run_facts import FailureFacts, RunFacts
 
-SECTION = "gputrain diagnosis"
+SECTION = "gputrain diagnosis"  # report.terminal.REPORT_SECTION, which the summary reads
 PLUGIN_NAME = "gputrain-probe"
 DEFAULT_PROFILE_STEPS = "3-6"
 
@@ -103,7 +103,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[PLUGIN_KEY] = plugin
     config.pluginmanager.register(plugin, PLUGIN_NAME)
     session.add_section("runs", lambda: _runs_section(session),
-                        terminal=lambda width: _runs_lines(session, width))
+                        terminal=lambda width: _runs_lines(session, width),
+                        markdown=lambda: _runs_markdown(session))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -131,17 +132,13 @@ def _runs_lines(session: Diagnosis, width: int) -> list[str]:
     return runs_lines(runs, width=width)
 
 
-def section_text(findings: list[Finding], width: int = 100) -> str:
-    lines: list[str] = []
-    for finding in findings:
-        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.title}")
-        lines.append(textwrap.fill(finding.message, width=width, initial_indent="    ",
-                                   subsequent_indent="    "))
-        lines.append(textwrap.fill("fix: " + finding.fix, width=width, initial_indent="    ",
-                                   subsequent_indent="    "))
-        lines.append("")
-    lines.append("details: python -m pytest_gputrain explain CODE")
-    return "\n".join(lines)
+def _runs_markdown(session: Diagnosis) -> str | None:
+    runs = session.records("run")
+    if not runs:
+        return None
+    from pytest_gputrain.probe.summary import runs_markdown
+
+    return runs_markdown(runs)
 
 
 class ProbePlugin:
@@ -235,8 +232,10 @@ class ProbePlugin:
             findings.extend(engine.evaluate_record("failure", env, failure, related))
         if findings:
             from pytest_gputrain.findings import sort_findings
+            from pytest_gputrain.report.terminal import section_text
 
-            report.sections.append((SECTION, section_text(sort_findings(findings))))
+            width = max(40, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
+            report.sections.append((SECTION, section_text(sort_findings(findings), width)))
 
 
 def cpu_parametrized(item: pytest.Item) -> bool:
