@@ -61,9 +61,9 @@ _GAP = "  "
 def runs_lines(runs: list[dict[str, Any]], width: int = 80, limit: int = 30) -> list[str]:
     """The tests that trained (took at least one step), one row each, in ``width`` columns.
 
-    The test id is the first column when what the figures leave of the width holds each
-    id's longest segment (ids wrap between segments, never inside one); otherwise each row's
-    id is on the line(s) above its figures."""
+    Test ids wrap between their segments, never inside one: in the first column when what the
+    figures leave of the width holds every id's longest segment and the table is no longer
+    that way; otherwise each id is on the line(s) above its figures."""
     trained = [run for run in runs if (run.get("steps") or 0) > 0]
     shown = trained[:limit]
     lines = [f"gputrain: {len(trained)} training run(s) probed"
@@ -76,19 +76,19 @@ def runs_lines(runs: list[dict[str, Any]], width: int = 80, limit: int = 30) -> 
     heading, rows = figures[:-len(shown)], figures[-len(shown):]
     room = width - len(_GAP) - max(len(line) for line in figures)
     longest = max(len(segment) for nodeid in ids for segment in nodeid_segments(nodeid))
+    above = [wrap_test_id(nodeid, width) for nodeid in ids]
     if room >= max(longest, len("test")):
-        test = [""] * (len(heading) - 2) + ["test", "-" * room]  # beside the last heading line
-        lines += [name.ljust(room) + _GAP + line for name, line in zip(test, heading, strict=True)]
-        for nodeid, row in zip(ids, rows, strict=True):
-            wrapped = wrap_test_id(nodeid, room)
-            lines.append(wrapped[0].ljust(room) + _GAP + row)
-            lines += wrapped[1:]
-    else:
-        lines.append("test")
-        lines += [_GAP + line for line in heading]
-        for nodeid, row in zip(ids, rows, strict=True):
-            lines += wrap_test_id(nodeid, width)
-            lines.append(_GAP + row)
+        beside = [wrap_test_id(nodeid, room) for nodeid in ids]
+        if sum(map(len, beside)) <= sum(len(wrapped) + 1 for wrapped in above):
+            test = [""] * (len(heading) - 2) + ["test", "-" * room]  # by the last heading line
+            lines += [name.ljust(room) + _GAP + line
+                      for name, line in zip(test, heading, strict=True)]
+            for wrapped, row in zip(beside, rows, strict=True):
+                lines += [wrapped[0].ljust(room) + _GAP + row, *wrapped[1:]]
+            return lines
+    lines += ["test", *(_GAP + line for line in heading)]
+    for wrapped, row in zip(above, rows, strict=True):
+        lines += [*wrapped, _GAP + row]
     return lines
 
 
