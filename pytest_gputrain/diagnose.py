@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pytest_gputrain.facts import EnvironmentFacts, FactsFile
     from pytest_gputrain.findings import Finding
     from pytest_gputrain.options import Settings
+    from pytest_gputrain.report.terminal import PrintedReport
 
 PLUGIN_NAME = "gputrain-diagnose"
 _SESSION_KEY = pytest.StashKey[pytest.Session]()
@@ -209,7 +210,7 @@ class DiagnoseSession(Diagnosis):
             width = max(MIN_WIDTH, terminalreporter._tw.fullwidth)
             verbose = self.config.getoption("verbose", 0) > 0
             for line in findings_lines(findings, width=width, verbose=verbose,
-                                       failure_reports=_printed_sections(terminalreporter)):
+                                       printed=_printed_reports(terminalreporter)):
                 color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
                     line.split(" ", 1)[0], {})
                 terminalreporter.write_line(line, **color)
@@ -309,17 +310,20 @@ class DiagnoseSession(Diagnosis):
 MIN_WIDTH = 40
 
 
-def _printed_sections(terminalreporter: Any) -> dict[str, set[str]]:
-    """The findings pytest printed above the summary, in failed tests' reports (see
-    ``report.terminal.shown_in_reports``): none when it printed no report sections."""
+def _printed_reports(terminalreporter: Any) -> dict[str, PrintedReport]:
+    """The tests' reports pytest printed above the summary, with their diagnosis sections:
+    those of failed tests, and of passed ones with ``-rP``/``-rA``; none when it printed no
+    report sections (``--tb=no``, ``--tb=line``, ``--show-capture`` other than ``all``)."""
     from pytest_gputrain.report.terminal import shown_in_reports
 
     option = terminalreporter.config.option
     if option.tbstyle in ("no", "line") or option.showcapture != "all":
         return {}
-    reports = [report for key in ("failed", "error")
-               for report in terminalreporter.stats.get(key, [])]
-    return shown_in_reports((report.nodeid, report.sections) for report in reports)
+    names = {"failed": "failure report", "error": "error report"}
+    if terminalreporter.hasopt("P"):
+        names["passed"] = "report"
+    return shown_in_reports((report.nodeid, name, report.sections) for key, name in names.items()
+                            for report in terminalreporter.stats.get(key, []))
 
 
 @dataclass(frozen=True)

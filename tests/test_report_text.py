@@ -13,6 +13,7 @@ from pytest_gputrain.findings import Finding
 from pytest_gputrain.report.markdown import markdown_cell
 from pytest_gputrain.report.model import build_report
 from pytest_gputrain.report.terminal import (
+    PrintedReport,
     findings_lines,
     header_lines,
     section_text,
@@ -112,12 +113,14 @@ def test_each_finding_is_printed_once_within_the_width() -> None:
 
 
 def test_a_finding_shown_in_a_failure_report_is_only_pointed_to() -> None:
-    shown = shown_in_reports([(NODEID, [("Captured stdout call", "ERROR GT118 x"),
-                                        ("gputrain diagnosis",
-                                         section_text([finding()], 80))])])
-    assert shown == {NODEID: {"WARNING GT118 training-stalls"}}
+    shown = shown_in_reports([(NODEID, "failure report",
+                               [("Captured stdout call", "ERROR GT118 x"),
+                                ("gputrain diagnosis", section_text([finding()], 80))]),
+                              ("other.py::test_c", "report", [("Captured log", "...")])])
+    assert shown == {NODEID: PrintedReport("failure report",
+                                           frozenset({"WARNING GT118 training-stalls"}))}
     lines = findings_lines([finding(), finding(subject="other.py::test_b")], width=80,
-                           failure_reports=shown)
+                           printed=shown)
     text = " ".join(" ".join(lines).split())
     assert text.count("Eight steps took long.") == 1  # the other test's, in full
     assert "see the failure report of sample_projects/" in text

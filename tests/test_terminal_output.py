@@ -108,6 +108,32 @@ def test_without_failure_reports_the_summary_says_it_all(diagnosed: pytest.Pytes
     assert "see the failure report" not in output
 
 
+def test_with_rp_a_passed_test_s_findings_are_pointed_to_as_well(
+        pytester: pytest.Pytester, use_facts: Callable[..., Any]) -> None:
+    use_facts("h200_healthy")
+    pytester.makepyfile(test_eval="""
+        import torch
+
+        def test_evaluates_with_autograd_on():
+            model = torch.nn.Linear(4, 2)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                optimizer.zero_grad()
+                model(torch.randn(8, 4)).sum().backward()
+                optimizer.step()
+            for _ in range(4):  # evaluation, without no_grad
+                model(torch.randn(8, 4))
+        """)
+    plain = pytester.runpytest("--gpu-diagnose", "--gpu-fail-on=never", "-p",
+                               "no:cacheprovider").stdout.str()
+    assert plain.count("forward pass(es) ran with autograd enabled") == 1  # in the summary
+    shown = pytester.runpytest("--gpu-diagnose", "--gpu-fail-on=never", "-rP", "-p",
+                               "no:cacheprovider").stdout.str()
+    assert shown.count("forward pass(es) ran with autograd enabled") == 1  # under PASSES
+    assert "see the report of test_eval.py::test_evaluates_with_autograd_on above" in \
+        " ".join(shown.split())
+
+
 def test_the_markdown_report_has_the_runs_table_and_the_environment_as_it_began(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's profiler sets TORCHINDUCTOR_CACHE_DIR inside the probe's window: a variable set

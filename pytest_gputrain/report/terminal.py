@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts
 from pytest_gputrain.findings import Finding
@@ -113,14 +114,15 @@ def _label(finding: Finding) -> str:
 
 
 def finding_lines(finding: Finding, width: int, verbose: bool = False, where: bool = True,
-                  shown_above: bool = False) -> list[str]:
+                  shown_above: str | None = None) -> list[str]:
     """One finding: its headline, where (``where``), what was seen and the fix (for warnings
     and errors; for every finding with ``verbose``, which adds why and the evidence). A finding
-    ``shown_above`` in a failed test's report is only named, with a pointer to it."""
+    printed above in a test's report is only named, with a pointer to that report
+    (``shown_above``: what it is called, "failure report" or "report")."""
     subject = shorten(finding.subject, MAX_HEADLINE)
     lines = wrap(headline(finding), width, _INDENT, first="")
     if shown_above:
-        lines += wrap(f"see the failure report of {subject} above", width, _INDENT)
+        lines += wrap(f"see the {shown_above} of {subject} above", width, _INDENT)
         return lines
     if where:
         lines += wrap(subject, width, _INDENT, first=f"{_INDENT}where: ")
@@ -143,19 +145,18 @@ EXPLAIN = "details: python -m pytest_gputrain explain CODE"
 
 
 def findings_lines(findings: list[Finding], width: int = 80, verbose: bool = False,
-                   failure_reports: Mapping[str, set[str]] | None = None) -> list[str]:
-    """Every finding once, most severe first, each in at most ``width`` columns (but a URL
-    longer than a line). ``failure_reports``: for each failed test whose report printed a
-    diagnosis section above the summary, the ``label`` of each finding it showed; those
-    findings are only named here (see ``shown_in_reports``)."""
+                   printed: Mapping[str, PrintedReport] | None = None) -> list[str]:
+    """Every finding once, in the order given, each in at most ``width`` columns (but a URL
+    longer than a line). ``printed``: the tests' reports pytest printed above the summary, by
+    test (``shown_in_reports``); the findings their diagnosis sections hold are only named."""
     if not findings:
         return ["no findings: the GPU environment looks healthy"]
     lines: list[str] = []
     for finding in findings:
         if lines:
             lines.append("")
-        above = failure_reports is not None and _shown_in(finding, failure_reports)
-        lines += finding_lines(finding, width, verbose, shown_above=above)
+        lines += finding_lines(finding, width, verbose,
+                               shown_above=_shown_in(finding, printed or {}))
     lines += ["", EXPLAIN]
     return [printable(line) for line in lines]
 
@@ -175,28 +176,41 @@ def section_text(findings: list[Finding], width: int = 80) -> str:
 REPORT_SECTION = "gputrain diagnosis"
 
 
-def shown_in_reports(reports: Iterable[tuple[str, Iterable[tuple[str, str]]]]
-                     ) -> dict[str, set[str]]:
-    """For each ``(nodeid, sections)`` of a report pytest printed, the labels (``ERROR GT216
-    cuda-unavailable-at-use``) of the findings its diagnosis section holds."""
-    shown: dict[str, set[str]] = {}
-    for nodeid, sections in reports:
+@dataclass(frozen=True)
+class PrintedReport:
+    """A test's report that pytest printed above the summary."""
+
+    name: str  # what the pointer to it calls it: "failure report", "report"
+    labels: frozenset[str]  # 'ERROR GT216 cuda-unavailable-at-use' of each finding it holds
+
+
+def shown_in_reports(reports: Iterable[tuple[str, str, Iterable[tuple[str, str]]]]
+                     ) -> dict[str, PrintedReport]:
+    """The ``(nodeid, name, sections)`` of each report pytest printed, by test, with the
+    findings its diagnosis section holds (their headlines start the section's lines)."""
+    shown: dict[str, PrintedReport] = {}
+    for nodeid, name, sections in reports:
+        labels = set()
         for title, content in sections:
             if title == REPORT_SECTION:
-                labels = shown.setdefault(nodeid, set())
                 for line in content.splitlines():
                     words = line.split(" ", 3)
                     if len(words) >= 3 and words[0] in _SEVERITY_WORDS:
                         labels.add(f"{words[0]} {words[1]} {words[2].rstrip(':')}")
+        if labels:
+            known = shown.get(nodeid)
+            shown[nodeid] = PrintedReport(known.name if known else name,
+                                          frozenset(labels).union(known.labels if known else ()))
     return shown
 
 
 _SEVERITY_WORDS = frozenset(severity.upper() for severity in SEVERITY_RANK)
 
 
-def _shown_in(finding: Finding, reports: Mapping[str, set[str]]) -> bool:
-    labels = reports.get(finding.subject)
-    if labels is None and finding.subject.endswith("]") and " [" in finding.subject:
+def _shown_in(finding: Finding, reports: Mapping[str, PrintedReport]) -> str | None:
+    """The name of the printed report that holds ``finding``, if one does."""
+    report = reports.get(finding.subject)
+    if report is None and finding.subject.endswith("]") and " [" in finding.subject:
         # A launch's subject is its test and what it launched: 'tests/t.py::test [2 ranks, nccl]'
-        labels = reports.get(finding.subject.rsplit(" [", 1)[0])
-    return labels is not None and _label(finding) in labels
+        report = reports.get(finding.subject.rsplit(" [", 1)[0])
+    return report.name if report is not None and _label(finding) in report.labels else None
