@@ -55,6 +55,8 @@ def _device_parts(device: DeviceFacts) -> list[str]:
 
 
 _PREFIX = "gputrain: "
+_INDENT = "    "  # of every line of a finding after its headline
+EXPLAIN = "details: python -m pytest_gputrain explain CODE"
 
 
 def _fit(parts: list[str], separator: str, width: int | None) -> list[str]:
@@ -138,10 +140,6 @@ def finding_lines(finding: Finding, width: int, verbose: bool = False, where: bo
             lines += wrap(shorten(f"{item.display}{reason}", MAX_PARAGRAPH), width,
                           _INDENT * 2, first=f"{_INDENT}- {item.name} = ")
     return lines
-
-
-_INDENT = "    "
-EXPLAIN = "details: python -m pytest_gputrain explain CODE"
 
 
 def findings_lines(findings: list[Finding], width: int = 80, verbose: bool = False,

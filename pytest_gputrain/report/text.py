@@ -10,8 +10,9 @@ not finish. Everything here walks its text once, and what is shown is capped fir
 each cut with an ellipsis (``…``). The JSON report and the facts file keep the whole text.
 
 Lines break at spaces only, never at a hyphen; a URL is never broken (one longer than the line
-gets a line of its own), a test id breaks between its segments (``/``, ``::``, ``[``), and any
-other word longer than a line is cut into pieces of the line's length.
+gets a line of its own), a test id breaks between its segments (after ``/``, before ``::`` and
+``[``, after ``-`` between parameter ids), and any other word longer than a line is cut into
+pieces of the line's length.
 """
 
 from __future__ import annotations
