@@ -94,7 +94,9 @@ def report_json(report: Report) -> str:
         text = report.model_dump_json(by_alias=True, indent=2)
     except PydanticSerializationError:
         return json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
-    return _NON_ASCII.sub(_escaped, text) + "\n"
+    text = _NON_ASCII.sub(_escaped, text)  # the same string when all is ASCII
+    text += "\n"  # in place (one reference): no copy of a report of 100 MB
+    return text
 
 
 def report_schema() -> dict[str, Any]:
