@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,14 +124,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
                        f"({exc.error_count()} problem(s))") from None
     _write_reports(args.report or [], facts, findings, fail_on)
+    # The records are judged: let them go before the report is built (most of the memory a
+    # replay takes is the file's records, parsed).
+    environment = facts.environment
+    del facts
     if args.format == "json":
-        sys.stdout.write(report_json(build_report(facts.environment, findings, fail_on)))
+        sys.stdout.write(report_json(build_report(environment, findings, fail_on)))
     elif args.format == "md":
-        sys.stdout.write(report_markdown(build_report(facts.environment, findings, fail_on)))
+        sys.stdout.write(report_markdown(build_report(environment, findings, fail_on)))
     else:
-        print("\n".join(header_lines(facts.environment)))
-        print()
-        print("\n".join(findings_lines(findings, verbose=args.verbose)))
+        width = max(40, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
+        sys.stdout.write("\n".join([*header_lines(environment, width), "",
+                                    *findings_lines(findings, width, verbose=args.verbose)])
+                         + "\n")
     return 1 if fails(findings, fail_on) else 0
 
 

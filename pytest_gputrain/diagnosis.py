@@ -26,6 +26,8 @@ Import-light: importing this module imports neither torch nor pydantic.
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +45,10 @@ if TYPE_CHECKING:
     from pytest_gputrain.facts import EnvironmentFacts, FactsFile
     from pytest_gputrain.findings import Finding
     from pytest_gputrain.options import Settings
+    from pytest_gputrain.report.terminal import PrintedReport
 
 PLUGIN_NAME = "gputrain-diagnose"
 # The title of the section the diagnosis adds to a test's report.
-TEST_SECTION = "gputrain diagnosis"
 _SESSION_KEY = pytest.StashKey[pytest.Session]()
 # The records a test's current phase handed in: (scope, record as kept, details), in order.
 _TEST_RECORDS = pytest.StashKey[list[tuple[str, Any, tuple[str, ...]]]]()
@@ -55,6 +57,7 @@ WORKER_ENVIRONMENT = "gputrain_environment"
 WORKER_RECORDS = "gputrain_records"
 
 TerminalLines = Callable[[int], list[str]]
+MarkdownText = Callable[[], "str | None"]
 
 
 def diagnosis(config: pytest.Config) -> Diagnosis | None:
@@ -70,8 +73,11 @@ class Diagnosis:
         self.config = config
         self.engine = engine
         self._environment: EnvironmentFacts | None = None
+        # The user's variables as the session began: the environment is read when first
+        # needed, and by then torch (its profiler, in the probe's window) may have set some.
+        self._environ = dict(os.environ)
         self._records: dict[str, list[dict[str, Any]]] = {}
-        self._sections: dict[str, tuple[Any, TerminalLines | None]] = {}
+        self._sections: dict[str, tuple[Any, TerminalLines | None, MarkdownText | None]] = {}
 
     @property
     def environment(self) -> EnvironmentFacts:
@@ -82,7 +88,7 @@ class Diagnosis:
     def _read_environment(self) -> EnvironmentFacts:
         from pytest_gputrain.collect import collect_environment
 
-        return collect_environment()
+        return collect_environment(environ=self._environ)
 
     def add_record(self, scope: str, record: BaseModel) -> Any:
         """Keep one record of ``scope`` (a registered scope that records, e.g. ``run``).
@@ -121,14 +127,16 @@ class Diagnosis:
             del item.stash[_TEST_RECORDS]
             text = self._test_section(handed)
             if text:
-                report.sections.append((TEST_SECTION, text))
+                from pytest_gputrain.report.terminal import REPORT_SECTION
+
+                report.sections.append((REPORT_SECTION, text))
         return report
 
     def _test_section(self, handed: list[tuple[str, Any, tuple[str, ...]]]) -> str:
         """The findings of one test's phase, as a replay gives them (a failure judged with its
         run), most severe first; then each record's details, by scope, in the order given."""
         from pytest_gputrain.findings import sort_findings
-        from pytest_gputrain.report.terminal import section_for_test
+        from pytest_gputrain.report.terminal import section_text
 
         handed = sorted(handed, key=lambda entry: entry[0])  # stable: records keep their order
         related: dict[str, list[Any]] = {}
@@ -142,27 +150,30 @@ class Diagnosis:
             return f"gputrain: this test's records could not be judged: " \
                    f"{type(exc).__name__}: {exc}"
         details = [line for _, _, lines in handed for line in lines]
-        return section_for_test(sort_findings(findings), details)
+        width = max(MIN_WIDTH, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
+        return section_text(sort_findings(findings), width, details)
 
     def records(self, scope: str) -> list[dict[str, Any]]:
         """The records of ``scope`` so far, as plain JSON data."""
         return list(self._records.get(scope, []))
 
-    def add_section(self, name: str, section: Any, terminal: TerminalLines | None = None) -> None:
+    def add_section(self, name: str, section: Any, terminal: TerminalLines | None = None,
+                    markdown: MarkdownText | None = None) -> None:
         """A section of the report files: ``sections[name]`` in the JSON report; a ``markdown``
         string in it is printed by the Markdown report.
 
         ``section`` is the value, or a function that gives it when the reports are written
         (None leaves it out), so that a section built from records is complete. ``terminal``
         gives the section's lines for the terminal summary (its argument: the width), printed
-        after the findings.
+        after the findings; ``markdown`` gives its Markdown (or None), for a section whose JSON
+        value is not an object with a ``markdown`` string.
         """
-        self._sections[name] = (section, terminal)
+        self._sections[name] = (section, terminal, markdown)
 
     def sections(self) -> dict[str, Any]:
         """The report sections, computed now."""
         result: dict[str, Any] = {}
-        for name, (section, _) in self._sections.items():
+        for name, (section, _, _) in self._sections.items():
             value = section() if callable(section) else section
             if value is not None:
                 result[name] = value
@@ -171,11 +182,20 @@ class Diagnosis:
     def terminal_lines(self, width: int) -> list[list[str]]:
         """Each section's terminal lines, where it has some."""
         blocks = []
-        for _, terminal in self._sections.values():
+        for _, terminal, _ in self._sections.values():
             lines = terminal(width) if terminal is not None else []
             if lines:
                 blocks.append(lines)
         return blocks
+
+    def markdown_sections(self) -> dict[str, str]:
+        """The Markdown of each section that gives its own, by name."""
+        result: dict[str, str] = {}
+        for name, (_, _, markdown) in self._sections.items():
+            text = markdown() if markdown is not None else None
+            if text:
+                result[name] = text
+        return result
 
     def facts_file(self) -> FactsFile:
         from pytest_gputrain.facts import FactsFile
@@ -213,7 +233,7 @@ class DiagnosisSession(Diagnosis):
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from pytest_gputrain.report.terminal import header_lines
 
-        return header_lines(self.environment)
+        return header_lines(self.environment, width=config.get_terminal_writer().fullwidth)
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -243,9 +263,10 @@ class DiagnosisSession(Diagnosis):
             terminalreporter.write_line("gputrain: no findings to show: the session was "
                                         "interrupted before the rules were evaluated")
         else:
-            width = max(60, terminalreporter._tw.fullwidth - 2)
+            width = max(MIN_WIDTH, terminalreporter._tw.fullwidth)
             verbose = self.config.getoption("verbose", 0) > 0
-            for line in findings_lines(findings, width=width, verbose=verbose):
+            for line in findings_lines(findings, width=width, verbose=verbose,
+                                       printed=_printed_reports(terminalreporter)):
                 color = {"ERROR": {"red": True}, "WARNING": {"yellow": True}}.get(
                     line.split(" ", 1)[0], {})
                 terminalreporter.write_line(line, **color)
@@ -341,7 +362,29 @@ class DiagnosisSession(Diagnosis):
             from pytest_gputrain.report.test_outputs import test_results
 
             return report_html(report, self.facts_file(), test_results(self.config))
-        return report_json(report) if form == "json" else report_markdown(report)
+        if form == "json":
+            return report_json(report)
+        return report_markdown(report, self.markdown_sections())
+
+
+# Narrower terminals get lines of this width (they wrap): shorter ones would hold a word a line.
+MIN_WIDTH = 40
+
+
+def _printed_reports(terminalreporter: Any) -> dict[str, PrintedReport]:
+    """The tests' reports pytest printed above the summary, with their diagnosis sections:
+    those of failed tests, and of passed ones with ``-rP``/``-rA``; none when it printed no
+    report sections (``--tb=no``, ``--tb=line``, ``--show-capture`` other than ``all``)."""
+    from pytest_gputrain.report.terminal import shown_in_reports
+
+    option = terminalreporter.config.option
+    if option.tbstyle in ("no", "line") or option.showcapture != "all":
+        return {}
+    names = {"failed": "failure report", "error": "error report"}
+    if terminalreporter.hasopt("P"):
+        names["passed"] = "report"
+    return shown_in_reports((report.nodeid, name, report.sections) for key, name in names.items()
+                            for report in terminalreporter.stats.get(key, []))
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,10 @@ def test_recorded_hidden_gpus_replay_to_gt003() -> None:
     """Recorded there with CUDA_VISIBLE_DEVICES="": the same finding as on the device."""
     result = replay(FACTS / "h200x2_hidden_recorded.json")
     assert result.returncode == 1  # an error-level finding fails, as --gpu-fail-on=error does
-    assert "GT003 gpus-hidden-by-cuda-visible-devices [error] session" in result.stdout
-    assert 'CUDA_VISIBLE_DEVICES="" hides every GPU: NVML lists 2 GPU(s)' in result.stdout
+    text = " ".join(result.stdout.split())  # as wrapped to the terminal's width
+    assert ("ERROR GT003 gpus-hidden-by-cuda-visible-devices: CUDA_VISIBLE_DEVICES hides every "
+            "GPU from torch where: session") in text
+    assert 'CUDA_VISIBLE_DEVICES="" hides every GPU: NVML lists 2 GPU(s)' in text
     assert replay(FACTS / "h200x2_hidden_recorded.json", "--fail-on", "never").returncode == 0
     assert replay(FACTS / "h200x2_hidden_recorded.json", "--ignore", "GT003").returncode == 0
 

@@ -126,6 +126,7 @@ def test_a_fact_that_is_not_boolean_makes_the_rule_a_broken_rule(
         RULE.format(code="GT901", condition="host.cpu_count_logical"))
     result = pytester.runpytest("--gpu-rules-dir=gpu-rules", "--gpu-select=GT901")
     result.stdout.fnmatch_lines([
-        "*WARNING*GT901*session*rule GT901 could not be*",
+        "WARNING GT901 probe-rule: rule GT901 could not be evaluated",
+        "    where: session",
         "*GT901-probe-rule.toml: the condition gave 2 (int), not true or false*"])
     assert "looks healthy" not in result.stdout.str()

@@ -508,6 +508,37 @@ def test_known_and_coalesce(text: str, expected: object) -> None:
         assert value == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("pick('b', 'a', 'first', 'b', 'second', 'neither')", "second"),
+        ("pick('c', 'a', 'first', 'b', 'second', 'neither')", "neither"),
+        ("pick(u, 'a', 'first', 'neither')", "neither"),
+        ("pick(x, 5, 'five', 'other')", "five"),
+        ("pick('b', ['a', 'b'], 'a or b', 'other')", "a or b"),
+        ("pick([1], [1], 'a list is compared whole', 'other')", "a list is compared whole"),
+        ("pick(true, 1, 'one', 'a boolean is never a number')", "a boolean is never a number"),
+        ("pick('c', 'a', 'first', 'b', 'second')", UNKNOWN),
+        ("pick(u, 'a', 'first')", UNKNOWN),
+        ("plural(1, 'step', 'steps')", "1 step"),
+        ("plural(25, 'step', 'steps')", "25 steps"),
+        ("plural(0, 'GPU', 'GPUs')", "0 GPUs"),
+        ("plural(2.5, 'second', 'seconds')", "2.5 seconds"),
+        ("'about one every ' + plural(x, 'step', 'steps')", "about one every 5 steps"),
+        ("plural(u, 'step', 'steps')", UNKNOWN),
+    ],
+)
+def test_pick_and_plural(text: str, expected: object) -> None:
+    value = ev(text)
+    assert value is expected if expected is UNKNOWN else value == expected
+
+
+def test_plural_needs_a_count_and_words() -> None:
+    assert "plural(): expected a count" in evaluation_error("plural('x', 'a', 'b')")
+    assert "expected a string" in evaluation_error("plural(1, 2, 'b')")
+    assert "pick() takes at least 3 arguments" in str(condition_error("pick(x, 1)"))
+
+
 def test_unknown_value_behaviour() -> None:
     assert repr(UNKNOWN) == "unknown"
     assert type(UNKNOWN)() is UNKNOWN
@@ -699,7 +730,8 @@ def test_function_errors(text: str, fragments: list[str]) -> None:
 def test_function_whitelist_is_documented() -> None:
     assert set(FUNCTIONS) == {
         "known", "len", "min", "max", "abs", "round", "sum", "any", "all", "lower", "contains",
-        "startswith", "version", "major", "minor", "arch_supported", "bit", "coalesce",
+        "startswith", "version", "major", "minor", "arch_supported", "bit", "coalesce", "pick",
+        "plural",
     }
     for name, spec in FUNCTIONS.items():
         assert spec.name == name

@@ -640,7 +640,7 @@ def test_eval_mode_and_zero_grad_findings(pytester: pytest.Pytester,
     codes = _codes(pytester)
     assert {"GT121", "GT124"} <= codes["test_validation_in_training_mode"]
     assert not {"GT121", "GT124"} & codes.get("test_healthy", set())
-    result.stdout.fnmatch_lines(["*GT121 train-eval-mode-mismatch [[]warning[]]*"])
+    result.stdout.fnmatch_lines(["WARNING GT121 train-eval-mode-mismatch: *"])
 
 
 COMPILE_TESTS = """

@@ -34,7 +34,7 @@ from pytest_gputrain.findings import Finding
 TESTS = Path(__file__).resolve().parent
 FACTS_DIR = TESTS / "facts"
 CASES_DIR = TESTS / "rule_cases"
-CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist"}
+CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist", "says", "not_says"}
 EXPECTATIONS = ("fires", "quiet")
 
 
@@ -49,6 +49,10 @@ class Case:
     params: dict[str, Any] = field(default_factory=dict)
     # Rules of scope "distributed" (GT3xx): fields of one launch's DistributedRunFacts.
     dist: dict[str, Any] = field(default_factory=dict)
+    # Text the finding's message or fix holds, and text neither holds (a fix aimed at the
+    # cause the facts name; wording for the device the run trained on).
+    says: tuple[str, ...] = ()
+    not_says: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -69,6 +73,8 @@ def _load_cases() -> list[Case]:
             missing = {"name", "base", "expect"} - set(raw)
             assert not missing, f"{where}: missing key(s) {sorted(missing)}"
             assert raw["expect"] in EXPECTATIONS, f"{where}: expect must be fires or quiet"
+            assert raw["expect"] == "fires" or not ({"says", "not_says"} & set(raw)), \
+                f"{where}: says / not_says check the text of a finding that fires"
             cases.append(
                 Case(
                     code=path.stem,
@@ -79,6 +85,8 @@ def _load_cases() -> list[Case]:
                     unset=tuple(raw.get("unset", [])),
                     params=dict(raw.get("params", {})),
                     dist=dict(raw.get("dist", {})),
+                    says=tuple(raw.get("says", [])),
+                    not_says=tuple(raw.get("not_says", [])),
                 )
             )
     return cases
@@ -192,6 +200,11 @@ def test_rule_case(case: Case) -> None:
         for finding in mine:
             assert finding.severity == rule.severity
             assert finding.message.strip() and finding.fix.strip()
+            text = f"{finding.message}\n{finding.fix}"
+            missing = [words for words in case.says if words not in text]
+            assert not missing, f"{case.id}: the finding does not say {missing}:\n{text}"
+            present = [words for words in case.not_says if words in text]
+            assert not present, f"{case.id}: the finding says {present}:\n{text}"
     else:
         assert not mine, f"{case.code} fired on '{case.name}': {mine[0].message}"
 

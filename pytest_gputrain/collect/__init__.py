@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Mapping
 
 from pytest_gputrain.collect import nvml
 from pytest_gputrain.collect.environment_variables import read_environment
@@ -14,8 +15,13 @@ from pytest_gputrain.collect.torch_build import read_torch, torch_device_uuids
 from pytest_gputrain.facts import EnvironmentFacts
 
 
-def collect_environment(with_torch: bool = True) -> EnvironmentFacts:
-    """Read NVML, torch, the host, the relevant variables and nvcc. Never raises."""
+def collect_environment(with_torch: bool = True,
+                        environ: Mapping[str, str] | None = None) -> EnvironmentFacts:
+    """Read NVML, torch, the host, the relevant variables and nvcc. Never raises.
+
+    ``environ``: the variables to report (default: ``os.environ`` now), e.g. as they were when
+    the session began.
+    """
     started = time.perf_counter()
     session = nvml.shared()
     system = nvml.read_system(session)
@@ -27,7 +33,7 @@ def collect_environment(with_torch: bool = True) -> EnvironmentFacts:
         nvml=system,
         devices=devices,
         host=read_host(),
-        env=read_environment(),
+        env=read_environment(environ),
         tools=read_toolkit(),
     )
     if torch_facts is not None:

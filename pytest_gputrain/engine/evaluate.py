@@ -59,12 +59,17 @@ class RuleEngine:
         return self.evaluate_scope(scope, namespace, spec.subject(record))
 
     def evaluate_environment(self, env: EnvironmentFacts) -> list[Finding]:
-        """Every scope whose records the environment holds (the session, each GPU)."""
+        """Every scope whose records the environment holds (the session, each GPU).
+
+        The session's names are built once: each GPU's record then costs the same however
+        many GPUs there are (they were rebuilt, over all GPUs, for every one of them).
+        """
         findings: list[Finding] = []
-        for scope in scopes.registered():
-            if scope.from_environment is not None:
-                for record in scope.from_environment(env):
-                    findings.extend(self.evaluate_record(scope.name, env, record))
+        with session_namespace_of(env):
+            for scope in scopes.registered():
+                if scope.from_environment is not None:
+                    for record in scope.from_environment(env):
+                        findings.extend(self.evaluate_record(scope.name, env, record))
         return sort_findings(findings)
 
     def evaluate_records(self, facts: FactsFile,

@@ -101,7 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
     feature_plugins.register(config, PLUGIN_KEY, ProbePlugin(config, session, settings),
                              PLUGIN_NAME)
     session.add_section("runs", lambda: _runs_section(session),
-                        terminal=lambda width: _runs_lines(session, width))
+                        terminal=lambda width: _runs_lines(session, width),
+                        markdown=lambda: _runs_markdown(session))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -124,6 +125,15 @@ def _runs_lines(session: Diagnosis, width: int) -> list[str]:
     from pytest_gputrain.probe.summary import runs_lines
 
     return runs_lines(runs, width=width)
+
+
+def _runs_markdown(session: Diagnosis) -> str | None:
+    runs = session.records("run")
+    if not runs:
+        return None
+    from pytest_gputrain.probe.summary import runs_markdown
+
+    return runs_markdown(runs)
 
 
 class ProbePlugin:

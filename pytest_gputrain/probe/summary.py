@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tabulate import tabulate
 
+from pytest_gputrain.report.markdown import markdown_cell
+from pytest_gputrain.report.text import MAX_HEADLINE, nodeid_segments, shorten, wrap_test_id
 from pytest_gputrain.units import format_bytes, format_value
 
 
@@ -37,51 +38,72 @@ def runs_section(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{path: _get(run, path) for _, path, _ in COLUMNS} for run in runs]
 
 
-# Where a test id may break: after a '/', before '::' or '['; inside the parameters, after '-'.
-_PATH_BREAKS = re.compile(r"(?<=/)|(?=::)|(?=\[)")
-_PARAM_BREAKS = re.compile(r"(?<=-)")
+def _cells(run: dict[str, Any]) -> list[str]:
+    """The run's figures, one per column after the test."""
+    cells = []
+    for _, path, unit in COLUMNS[1:]:
+        value = _get(run, path)
+        if value is None:
+            cells.append("-")
+        elif unit == "bytes":
+            cells.append(format_bytes(value))
+        else:
+            cells.append(format_value(value, unit))
+    return cells
 
 
-def wrap_test_id(nodeid: str, width: int) -> str:
-    """``nodeid`` on lines of at most ``width`` characters, broken only between its segments,
-    so that every line is a whole piece of the id and the lines joined give the id back (it
-    can be pasted into ``pytest``). A segment longer than ``width`` keeps a line of its own."""
-    base, bracket, params = nodeid.partition("[")
-    segments = [part for part in _PATH_BREAKS.split(base) if part]
-    if bracket:
-        segments += [part for part in _PARAM_BREAKS.split(bracket + params) if part]
-    lines: list[str] = []
-    line = ""
-    for segment in segments:
-        if line and len(line) + len(segment) > width:
-            lines.append(line)
-            line = ""
-        line += segment
-    lines.append(line)
-    return "\n".join(lines)
+# Two-line headings keep the figures narrow enough for an 80-column terminal.
+_HEADINGS = ["device", "steps", "step", "loader\nwait", "GPU\nbusy", "syncs\n/step",
+             "peak\nmemory"]
+_GAP = "  "
 
 
-def runs_lines(runs: list[dict[str, Any]], width: int = 100, limit: int = 30) -> list[str]:
-    """The tests that trained (took at least one step), one row each."""
+def runs_lines(runs: list[dict[str, Any]], width: int = 80, limit: int = 30) -> list[str]:
+    """The tests that trained (took at least one step), one row each, in ``width`` columns.
+
+    Test ids wrap between their segments, never inside one: in the first column when what the
+    figures leave of the width holds every id's longest segment and the table is no longer
+    that way; otherwise each id is on the line(s) above its figures."""
     trained = [run for run in runs if (run.get("steps") or 0) > 0]
-    test_width = max(28, width - 75)  # what the other columns leave of the terminal
-    rows = []
-    for run in trained[:limit]:
-        row = []
-        for _, path, unit in COLUMNS:
-            value = _get(run, path)
-            if path == "nodeid":
-                row.append(wrap_test_id(str(value), test_width))
-            elif value is None:
-                row.append("-")
-            elif unit == "bytes":
-                row.append(format_bytes(value))
-            else:
-                row.append(format_value(value, unit))
-        rows.append(row)
+    shown = trained[:limit]
     lines = [f"gputrain: {len(trained)} training run(s) probed"
              + (f" (first {limit} shown)" if len(trained) > limit else "")]
-    if rows:
-        table = tabulate(rows, headers=[title for title, _, _ in COLUMNS], tablefmt="simple")
-        lines.extend(table.splitlines())
+    if not shown:
+        return lines
+    ids = [shorten(str(run.get("nodeid")), MAX_HEADLINE) for run in shown]
+    figures = tabulate([_cells(run) for run in shown], headers=_HEADINGS,
+                       tablefmt="simple").splitlines()
+    heading, rows = figures[:-len(shown)], figures[-len(shown):]
+    room = width - len(_GAP) - max(len(line) for line in figures)
+    longest = max(len(segment) for nodeid in ids for segment in nodeid_segments(nodeid))
+    above = [wrap_test_id(nodeid, width) for nodeid in ids]
+    if room >= max(longest, len("test")):
+        beside = [wrap_test_id(nodeid, room) for nodeid in ids]
+        if sum(map(len, beside)) <= sum(len(wrapped) + 1 for wrapped in above):
+            test = [""] * (len(heading) - 2) + ["test", "-" * room]  # by the last heading line
+            lines += [name.ljust(room) + _GAP + line
+                      for name, line in zip(test, heading, strict=True)]
+            for wrapped, row in zip(beside, rows, strict=True):
+                lines += [wrapped[0].ljust(room) + _GAP + row, *wrapped[1:]]
+            return lines
+    lines += ["test", *(_GAP + line for line in heading)]
+    for wrapped, row in zip(above, rows, strict=True):
+        lines += [*wrapped, _GAP + row]
     return lines
+
+
+def runs_markdown(runs: list[dict[str, Any]], limit: int = 100) -> str | None:
+    """The runs table in Markdown (GitHub's tables), or None when no test trained."""
+    trained = [run for run in runs if (run.get("steps") or 0) > 0]
+    if not trained:
+        return None
+    headings = [title for title, _, _ in COLUMNS]
+    lines = [f"{len(trained)} training run(s) probed"
+             + (f" (first {limit} shown; all in the JSON report)" if len(trained) > limit
+                else ""), "",
+             "| " + " | ".join(headings) + " |",
+             "|" + "---|" * len(headings)]
+    for run in trained[:limit]:
+        nodeid = markdown_cell(shorten(str(run.get("nodeid")), MAX_HEADLINE))
+        lines.append("| " + " | ".join([nodeid, *map(markdown_cell, _cells(run))]) + " |")
+    return "\n".join(lines)

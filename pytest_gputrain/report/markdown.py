@@ -1,21 +1,34 @@
-"""Markdown for CI summaries (e.g. appended to $GITHUB_STEP_SUMMARY)."""
+"""Markdown for CI summaries (e.g. appended to $GITHUB_STEP_SUMMARY).
+
+Tables are written row by row, unpadded: a padded table (tabulate's) is as wide as its longest
+cell on every row, so one long message made the file grow with rows × that length. Cells are
+capped as in the terminal (``report.text``); the JSON report keeps the whole text.
+"""
 
 from __future__ import annotations
 
-from tabulate import tabulate
+from collections.abc import Mapping
 
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.terminal import header_lines
+from pytest_gputrain.report.text import MAX_HEADLINE, MAX_PARAGRAPH, shorten
 from pytest_gputrain.units import printable
 
 _ICON = {"error": "🔴 error", "warning": "🟠 warning", "info": "🔵 info"}
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def markdown_cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table: on one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
-def report_markdown(report: Report) -> str:
+def markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(markdown_cell(cell) for cell in cells) + " |"
+
+
+def report_markdown(report: Report, sections: Mapping[str, str] | None = None) -> str:
+    """The report in Markdown; ``sections``: more Markdown, by title, after the findings (the
+    report's own sections that carry a ``markdown`` string are printed too)."""
     lines = ["## GPU diagnosis (pytest-gputrain)", ""]
     lines.extend(f"- {line.removeprefix('gputrain: ')}"
                  for line in header_lines(report.environment))
@@ -26,13 +39,18 @@ def report_markdown(report: Report) -> str:
                  f"(fail on: {report.fail_on})")
     lines.append("")
     if report.findings:
-        rows = [(_ICON[f.severity], f"`{f.code}`", _cell(f.subject), _cell(f.message),
-                 _cell(f.fix)) for f in report.findings]
-        lines.append(tabulate(rows, headers=("severity", "code", "where", "seen", "fix"),
-                              tablefmt="github"))
+        lines.append(markdown_row(["severity", "code", "where", "seen", "fix"]))
+        lines.append("|---|---|---|---|---|")
+        lines.extend(markdown_row([_ICON[f.severity], f"`{f.code}`",
+                                   shorten(f.subject, MAX_HEADLINE),
+                                   shorten(f.message, MAX_PARAGRAPH),
+                                   shorten(f.fix, MAX_PARAGRAPH)])
+                     for f in report.findings)
     else:
         lines.append("No findings: the GPU environment looks healthy.")
     for name, section in report.sections.items():
         if isinstance(section, dict) and "markdown" in section:
             lines.extend(["", f"### {name}", "", str(section["markdown"])])
+    for name, text in (sections or {}).items():
+        lines.extend(["", f"### {name}", "", text])
     return printable("\n".join(lines) + "\n")

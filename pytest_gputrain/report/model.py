@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticSerializationError
 
 from pytest_gputrain.facts import EnvironmentFacts
 from pytest_gputrain.findings import Finding
@@ -69,8 +71,32 @@ def fails(findings: list[Finding], fail_on: str) -> bool:
     return any(f.rank >= SEVERITY_RANK[fail_on] for f in findings)
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # as a UTF-16 surrogate pair, as json.dumps writes it
+    return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
+
+
 def report_json(report: Report) -> str:
-    return json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
+    """The report as JSON, indented, in ASCII (others as ``\\uXXXX``, as ``json.dumps``).
+
+    Serialised by pydantic in one pass: ``json.dumps(..., indent=2)`` runs Python's encoder
+    over a dict of the whole report, which took a third of a large replay's time and doubled
+    its memory. A lone surrogate (from an undecodable file name in a message), which pydantic
+    cannot encode, takes that slower way, which escapes it.
+    """
+    try:
+        text = report.model_dump_json(by_alias=True, indent=2)
+    except PydanticSerializationError:
+        return json.dumps(report.model_dump(mode="json", by_alias=True), indent=2) + "\n"
+    text = _NON_ASCII.sub(_escaped, text)  # the same string when all is ASCII
+    text += "\n"  # in place (one reference): no copy of a report of 100 MB
+    return text
 
 
 def report_schema() -> dict[str, Any]:

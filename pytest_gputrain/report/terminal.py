@@ -1,13 +1,14 @@
-"""The terminal view: a header with the nvidia-smi essentials, and the findings table."""
+"""The terminal view: a header with the nvidia-smi essentials, and the findings, each once."""
 
 from __future__ import annotations
 
-import textwrap
-
-from tabulate import tabulate
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pytest_gputrain.facts import DeviceFacts, EnvironmentFacts
 from pytest_gputrain.findings import Finding
+from pytest_gputrain.report.text import MAX_HEADLINE, MAX_PARAGRAPH, shorten, wrap
+from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import format_bytes, printable
 
 
@@ -24,9 +25,9 @@ def _torch_line(env: EnvironmentFacts) -> str:
     return f"torch {torch.version} ({', '.join(parts)}; {visible})"
 
 
-def _device_line(device: DeviceFacts) -> str:
+def _device_parts(device: DeviceFacts) -> list[str]:
     if device.lost:
-        return f"GPU {device.index}: LOST (fell off the bus / not answering)"
+        return [f"GPU {device.index}: LOST (fell off the bus / not answering)"]
     name = device.name or "unknown GPU"
     parts = [f"GPU {device.index} {name}"]
     if device.torch_index is not None and device.torch_index != device.index:
@@ -50,66 +51,169 @@ def _device_line(device: DeviceFacts) -> str:
             parts.append(f"{len(others)} other process(es) hold {format_bytes(held)}")
         else:
             parts.append("no other processes")
-    return " | ".join(parts)
+    return parts
 
 
-def header_lines(env: EnvironmentFacts) -> list[str]:
+_PREFIX = "gputrain: "
+_INDENT = "    "  # of every line of a finding after its headline
+EXPLAIN = "details: python -m pytest_gputrain explain CODE"
+
+
+def _fit(parts: list[str], separator: str, width: int | None) -> list[str]:
+    """``gputrain: `` and the parts joined by ``separator``: on one line, or, with a
+    ``width``, on lines of at most that width broken between parts (a part longer than a line
+    is wrapped at its spaces). Each part is capped at ``MAX_HEADLINE`` characters."""
+    parts = [shorten(part, MAX_HEADLINE) for part in parts]
+    if width is None:
+        return [_PREFIX + separator.join(parts)]
+    end = separator.rstrip()  # " | " -> " |": a broken line ends with it
+    indent = " " * (len(_PREFIX) + 2)
+    lines: list[str] = []
+    line, fresh = _PREFIX, True
+    for index, part in enumerate(parts):
+        piece = part + (end if index < len(parts) - 1 else "")
+        if not fresh and len(line) + 1 + len(piece) <= width:
+            line += " " + piece
+            continue
+        if not fresh:
+            lines.append(line)
+            line = indent
+        if len(line) + len(piece) <= width:
+            line += piece
+        else:
+            *whole, line = wrap(piece, width, indent, first=line)
+            lines += whole
+        fresh = False
+    lines.append(line)
+    return lines
+
+
+def header_lines(env: EnvironmentFacts, width: int | None = None) -> list[str]:
+    """The machine in a few lines: each on one line, or, with a ``width``, fitted to it."""
     nvml = env.nvml
     if not nvml.available:
-        lines = [f"gputrain: no NVIDIA GPU visible: {nvml.reason}", f"gputrain: {_torch_line(env)}"]
+        lines = _fit([f"no NVIDIA GPU visible: {nvml.reason}"], "", width)
+        lines += _fit([_torch_line(env)], "", width)
     else:
-        lines = [
-            f"gputrain: NVIDIA driver {nvml.driver_version} (CUDA {nvml.cuda_driver_version}), "
-            f"{nvml.device_count} GPU(s) | {_torch_line(env)}"
-        ]
-        lines.extend(f"gputrain: {_device_line(device)}" for device in env.devices)
+        lines = _fit([f"NVIDIA driver {nvml.driver_version} (CUDA {nvml.cuda_driver_version}), "
+                      f"{nvml.device_count} GPU(s)", _torch_line(env)], " | ", width)
+        for device in env.devices:
+            lines += _fit(_device_parts(device), " | ", width)
     if env.env.variables:
-        shown = ", ".join(f"{k}={v!r}" for k, v in env.env.variables.items())
-        lines.append(f"gputrain: environment: {shown}")
+        shown = [f"{name}={value!r}" for name, value in env.env.variables.items()]
+        lines += _fit([f"environment: {shown[0]}", *shown[1:]], ", ", width)
     return [printable(line) for line in lines]  # facts may come from an edited facts file
 
 
-def _wrap(text: str, width: int, indent: str) -> str:
-    return textwrap.fill(text, width=width, initial_indent=indent, subsequent_indent=indent)
+def headline(finding: Finding) -> str:
+    """``ERROR GT216 cuda-unavailable-at-use: <title>``: how a finding starts wherever it is
+    printed (the summary, a test's report section)."""
+    return f"{_label(finding)}: {shorten(finding.title, MAX_HEADLINE)}"
 
 
-def findings_lines(findings: list[Finding], width: int = 100, verbose: bool = False) -> list[str]:
-    """A table of all findings, then each finding's evidence and fix."""
+def _label(finding: Finding) -> str:
+    return f"{finding.severity.upper()} {finding.code} {finding.name}"
+
+
+def finding_lines(finding: Finding, width: int, verbose: bool = False, where: bool = True,
+                  shown_above: str | None = None) -> list[str]:
+    """One finding: its headline, where (``where``), what was seen and the fix (for warnings
+    and errors; for every finding with ``verbose``, which adds why and the evidence). A finding
+    printed above in a test's report is only named, with a pointer to that report
+    (``shown_above``: what it is called, "failure report" or "report")."""
+    subject = shorten(finding.subject, MAX_HEADLINE)
+    lines = wrap(headline(finding), width, _INDENT, first="")
+    if shown_above:
+        lines += wrap(f"see the {shown_above} of {subject} above", width, _INDENT)
+        return lines
+    if where:
+        lines += wrap(subject, width, _INDENT, first=f"{_INDENT}where: ")
+    lines += wrap(shorten(finding.message, MAX_PARAGRAPH), width, _INDENT)
+    if verbose or finding.severity != "info":
+        lines += wrap(shorten(finding.fix, MAX_PARAGRAPH), width, _INDENT,
+                      first=f"{_INDENT}fix: ")
+    if verbose:
+        lines += wrap(shorten(finding.why, MAX_PARAGRAPH), width, _INDENT,
+                      first=f"{_INDENT}why: ")
+        for item in finding.evidence:
+            reason = f" ({item.why_unknown})" if item.why_unknown else ""
+            lines += wrap(shorten(f"{item.display}{reason}", MAX_PARAGRAPH), width,
+                          _INDENT * 2, first=f"{_INDENT}- {item.name} = ")
+    return lines
+
+
+def findings_lines(findings: list[Finding], width: int = 80, verbose: bool = False,
+                   printed: Mapping[str, PrintedReport] | None = None) -> list[str]:
+    """Every finding once, in the order given, each in at most ``width`` columns (but a URL
+    longer than a line). ``printed``: the tests' reports pytest printed above the summary, by
+    test (``shown_in_reports``); the findings their diagnosis sections hold are only named."""
     if not findings:
         return ["no findings: the GPU environment looks healthy"]
-    rows = [(f.severity.upper(), f.code, f.subject, f.title) for f in findings]
-    table = tabulate(rows, headers=("severity", "code", "where", "finding"), tablefmt="simple",
-                     maxcolwidths=[None, None, 28, max(30, width - 50)])
-    lines = table.splitlines()
+    lines: list[str] = []
     for finding in findings:
-        lines.append("")
-        lines.append(f"{finding.code} {finding.name} [{finding.severity}] {finding.subject}")
-        lines.append(_wrap(finding.message, width, "    "))
-        if verbose or finding.severity != "info":
-            lines.append(_wrap("fix: " + finding.fix, width, "    "))
-        if verbose:
-            lines.append(_wrap("why: " + finding.why, width, "    "))
-            for item in finding.evidence:
-                reason = f" ({item.why_unknown})" if item.why_unknown else ""
-                lines.append(f"    - {item.name} = {item.display}{reason}")
-    lines.append("")
-    lines.append("details: python -m pytest_gputrain explain CODE")
+        if lines:
+            lines.append("")
+        lines += finding_lines(finding, width, verbose,
+                               shown_above=_shown_in(finding, printed or {}))
+    lines += ["", EXPLAIN]
     return [printable(line) for line in lines]
 
 
-def section_for_test(findings: list[Finding], details: list[str], width: int = 100) -> str:
-    """A test report's "gputrain diagnosis" section: each finding (title, message, fix), then
-    the lines describing the test's records (its launches), then where to read more. Empty
-    when there is nothing to say."""
+def section_text(findings: list[Finding], width: int = 80, details: Sequence[str] = ()) -> str:
+    """The diagnosis section of a test's report: its findings (the test goes without saying),
+    then the lines describing the test's records (its launches), then where to read more.
+    Empty when there is nothing to say."""
     lines: list[str] = []
     for finding in findings:
-        lines.append(f"{finding.severity.upper()} {finding.code} {finding.name}: {finding.title}")
-        lines.append(_wrap(finding.message, width, "    "))
-        lines.append(_wrap("fix: " + finding.fix, width, "    "))
-        lines.append("")
+        lines += [*finding_lines(finding, width, where=False), ""]
     lines.extend(details)
     if findings:
         if details:
             lines.append("")
-        lines.append("details: python -m pytest_gputrain explain CODE")
-    return "\n".join(lines)
+        lines.append(EXPLAIN)
+    return printable("\n".join(lines))
+
+
+# The title under which features add findings to a test's report (pytest prints the section
+# with a failed test's report); each finding in it starts with its headline.
+REPORT_SECTION = "gputrain diagnosis"
+
+
+@dataclass(frozen=True)
+class PrintedReport:
+    """A test's report that pytest printed above the summary."""
+
+    name: str  # what the pointer to it calls it: "failure report", "report"
+    labels: frozenset[str]  # 'ERROR GT216 cuda-unavailable-at-use' of each finding it holds
+
+
+def shown_in_reports(reports: Iterable[tuple[str, str, Iterable[tuple[str, str]]]]
+                     ) -> dict[str, PrintedReport]:
+    """The ``(nodeid, name, sections)`` of each report pytest printed, by test, with the
+    findings its diagnosis section holds (their headlines start the section's lines)."""
+    shown: dict[str, PrintedReport] = {}
+    for nodeid, name, sections in reports:
+        labels = set()
+        for title, content in sections:
+            if title == REPORT_SECTION:
+                for line in content.splitlines():
+                    words = line.split(" ", 3)
+                    if len(words) >= 3 and words[0] in _SEVERITY_WORDS:
+                        labels.add(f"{words[0]} {words[1]} {words[2].rstrip(':')}")
+        if labels:
+            known = shown.get(nodeid)
+            shown[nodeid] = PrintedReport(known.name if known else name,
+                                          frozenset(labels).union(known.labels if known else ()))
+    return shown
+
+
+_SEVERITY_WORDS = frozenset(severity.upper() for severity in SEVERITY_RANK)
+
+
+def _shown_in(finding: Finding, reports: Mapping[str, PrintedReport]) -> str | None:
+    """The name of the printed report that holds ``finding``, if one does."""
+    report = reports.get(finding.subject)
+    if report is None and finding.subject.endswith("]") and " [" in finding.subject:
+        # A launch's subject is its test and what it launched: 'tests/t.py::test [2 ranks, nccl]'
+        report = reports.get(finding.subject.rsplit(" [", 1)[0])
+    return report.name if report is not None and _label(finding) in report.labels else None

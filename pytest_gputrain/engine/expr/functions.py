@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 from pytest_gputrain.engine.expr.errors import Problem
 from pytest_gputrain.engine.expr.limits import MAX_DIGITS
-from pytest_gputrain.engine.expr.operations import bounded, membership, truth_of
+from pytest_gputrain.engine.expr.operations import bounded, equal, membership, truth_of
 from pytest_gputrain.engine.expr.values import (
     DIGITS,
     UNKNOWN,
@@ -71,6 +71,26 @@ def _fn_known(args: Sequence[object]) -> object:
 
 def _fn_coalesce(args: Sequence[object]) -> object:
     return next((arg for arg in args if arg is not UNKNOWN), UNKNOWN)
+
+
+def _fn_pick(args: Sequence[object]) -> object:
+    value, choices = args[0], args[1:]
+    if value is not UNKNOWN:
+        for index in range(0, len(choices) - 1, 2):
+            match = choices[index]
+            if isinstance(match, list) and not isinstance(value, list):
+                if any(equal(value, item) for item in match):
+                    return choices[index + 1]
+            elif equal(value, match):
+                return choices[index + 1]
+    return choices[-1] if len(choices) % 2 else UNKNOWN
+
+
+def _fn_plural(args: Sequence[object]) -> object:
+    count = _number_arg(args[0], "a count")
+    one, many = _str_arg(args[1]), _str_arg(args[2])
+    shown = str(int(count)) if float(count).is_integer() else f"{count:g}"
+    return f"{shown} {one if count == 1 else many}"
 
 
 def _fn_len(args: Sequence[object]) -> object:
@@ -256,6 +276,14 @@ FUNCTIONS: Final[Mapping[str, FunctionSpec]] = MappingProxyType({
         FunctionSpec("coalesce", "coalesce(a, b, ...)",
                      "the first argument that is known (unknown if none is)",
                      1, None, _fn_coalesce, propagates_unknown=False, gives="argument"),
+        FunctionSpec("pick", "pick(x, a, ra, b, rb, ..., otherwise)",
+                     "ra when x == a (or x in a, a list), rb when x == b, ...; otherwise "
+                     "(unknown if not given) when x matches none or is unknown: a message's "
+                     "text for the value of a fact", 3, None, _fn_pick,
+                     propagates_unknown=False),
+        FunctionSpec("plural", "plural(n, one, many)",
+                     "n and the word for it: plural(1, 'step', 'steps') == '1 step', "
+                     "plural(25, 'step', 'steps') == '25 steps'", 3, 3, _fn_plural),
         FunctionSpec("len", "len(x)", "length of a string, list or mapping", 1, 1, _fn_len),
         FunctionSpec("min", "min(a, b, ...) or min(list)",
                      "smallest value (unknown for an empty list)", 1, None, _fn_min,

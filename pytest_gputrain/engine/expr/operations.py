@@ -31,7 +31,8 @@ def truth_of(value: object) -> bool | Unknown:
         raise Problem(f"{describe(value)} has no truth value: {exc}") from None
 
 
-def _equal(left: object, right: object) -> bool:
+def equal(left: object, right: object) -> bool:
+    """``==`` as rules mean it: a boolean never equals a number; incomparable values differ."""
     if isinstance(left, bool) != isinstance(right, bool):
         return False  # true == 1 is a type confusion in a rule, never a match
     try:
@@ -54,7 +55,7 @@ def membership(container: object, item: object) -> object:
         for element in container:
             if element is UNKNOWN or element is None:
                 unknown = True
-            elif _equal(item, element):
+            elif equal(item, element):
                 return True
         return UNKNOWN if unknown else False
     if isinstance(container, dict):
@@ -79,9 +80,9 @@ def compare(op: str, left: object, right: object) -> object:
     if left is UNKNOWN or right is UNKNOWN:
         return UNKNOWN
     if op == "==":
-        return _equal(left, right)
+        return equal(left, right)
     if op == "!=":
-        return not _equal(left, right)
+        return not equal(left, right)
     both_numbers = is_number(left) and is_number(right)
     if both_numbers or (type(left), type(right)) in ((str, str), (Version, Version)):
         try:
