@@ -7,8 +7,8 @@ through one door each:
 - ``add_record(scope, record)``: facts of a registered scope (a test's run, a failure, a
   launch). The session's findings come from its records exactly as a replay of the facts file
   computes them; the facts file (``--gpu-facts-out``) keeps them.
-- ``add_section(name, section, terminal=...)``: a section of the report files, and optionally
-  lines for the terminal summary.
+- ``add_section(name, section, terminal=..., markdown=...)``: a section of the report files,
+  and optionally lines for the terminal summary and Markdown for the Markdown report.
 
 On a pytest-xdist worker the diagnosis is a ``WorkerDiagnosis``: it judges with the
 controller's environment and sends its records to the controller when the worker ends; the
