@@ -12,8 +12,8 @@ through one door each:
   The diagnosis judges the phase's records together (a failure with its run), as a replay
   does, and writes their findings, then the ``details`` lines, as the report's one "gputrain
   diagnosis" section.
-- ``add_section(name, section, terminal=...)``: a section of the report files, and optionally
-  lines for the terminal summary.
+- ``add_section(name, section, terminal=..., markdown=...)``: a section of the report files,
+  and optionally lines for the terminal summary and Markdown for the Markdown report.
 
 On a pytest-xdist worker the diagnosis is a ``WorkerDiagnosis``: it judges with the
 controller's environment and sends its records to the controller when the worker ends; the

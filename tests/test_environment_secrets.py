@@ -22,7 +22,11 @@ def test_secrets_stay_out_of_the_header_reports_and_facts_file(
                                 "--gpu-report=report.json", "--gpu-report=report.md",
                                 "--gpu-facts-out=facts.json")
     assert result.ret == 0
-    header = next(line for line in result.stdout.lines if "gputrain: environment:" in line)
+    lines = result.stdout.lines
+    start = next(index for index, line in enumerate(lines) if "gputrain: environment:" in line)
+    end = next(index for index in range(start + 1, len(lines))
+               if not lines[index].startswith(" "))
+    header = " ".join(lines[start:end])  # wrapped to the terminal's width
     assert "NCCL_DEBUG='WARN'" in header
     assert "NCCL_API_KEY='<redacted>'" in header
     outputs = {"terminal": result.stdout.str()}

@@ -62,8 +62,8 @@ def runs_lines(runs: list[dict[str, Any]], width: int = 80, limit: int = 30) -> 
     """The tests that trained (took at least one step), one row each, in ``width`` columns.
 
     Test ids wrap between their segments, never inside one: in the first column when what the
-    figures leave of the width holds every id's longest segment and the table is no longer
-    that way; otherwise each id is on the line(s) above its figures."""
+    figures leave of the width holds every id's longest segment and the table is shorter that
+    way; otherwise each id is on the line(s) above its figures, whole where it fits."""
     trained = [run for run in runs if (run.get("steps") or 0) > 0]
     shown = trained[:limit]
     lines = [f"gputrain: {len(trained)} training run(s) probed"
@@ -79,7 +79,7 @@ def runs_lines(runs: list[dict[str, Any]], width: int = 80, limit: int = 30) -> 
     above = [wrap_test_id(nodeid, width) for nodeid in ids]
     if room >= max(longest, len("test")):
         beside = [wrap_test_id(nodeid, room) for nodeid in ids]
-        if sum(map(len, beside)) <= sum(len(wrapped) + 1 for wrapped in above):
+        if sum(map(len, beside)) < sum(len(wrapped) + 1 for wrapped in above):
             test = [""] * (len(heading) - 2) + ["test", "-" * room]  # by the last heading line
             lines += [name.ljust(room) + _GAP + line
                       for name, line in zip(test, heading, strict=True)]
