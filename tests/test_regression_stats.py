@@ -309,3 +309,13 @@ def test_throttled_rounds() -> None:
     # No NVML at all: nothing flagged.
     assert throttled_rounds([None] * 3, [None] * 3) == [False] * 3
     assert throttled_rounds([], []) == []
+
+
+def test_the_default_thresholds_are_the_default_regression_spec_parsed() -> None:
+    from pytest_gputrain.regression.settings import (
+        DEFAULT_REGRESSION,
+        DEFAULT_THRESHOLDS,
+        parse_thresholds,
+    )
+
+    assert parse_thresholds(DEFAULT_REGRESSION) == DEFAULT_THRESHOLDS

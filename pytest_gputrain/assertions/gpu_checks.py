@@ -34,9 +34,9 @@ from pytest_gputrain.assertions.failure import GpuMemoryWarning, GpuTrainWarning
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from pytest_gputrain.assertions.assertion_settings import AssertionSettings
     from pytest_gputrain.assertions.backend import GpuBackend
     from pytest_gputrain.assertions.measure import TestRun
-    from pytest_gputrain.assertions.plugin import AssertionSettings
     from pytest_gputrain.assertions.requirements import Inventory
     from pytest_gputrain.collect.sampler import NvmlSampler
 
@@ -227,7 +227,7 @@ class GpuAssertions:
             # Under --gpu-diagnose the failure diagnosis (GT201, GT207-GT209) explains the OOM
             # in full; one explanation per report.
             if not self.config.pluginmanager.has_plugin("gputrain-probe"):
-                report.sections.append(("gputrain out of memory", self._oom_text(item)))
+                report.sections.append(("gputrain out of memory", _oom_text(self.backend, item)))
         if call.when == "call" and spec is not None:
             self._judge(item, spec, report)
         if (self.settings.required and spec is not None and report.skipped
@@ -269,34 +269,6 @@ class GpuAssertions:
         else:  # the test failed on its own: add the measurements, keep its own error first
             for failure in failures:
                 report.sections.append((failure.section_title, failure.longrepr()))
-
-    def _oom_text(self, item: pytest.Item) -> str:
-        from pytest_gputrain.assertions.markers import describe_size
-
-        run = item.stash.get(RUN_KEY, None)
-        index = run.cuda_index if run is not None else 0
-        lines = []
-        try:
-            memory = self.backend.memory(index)
-            lines.append(f"cuda:{index} when the test failed: allocated "
-                         f"{describe_size(memory.allocated)}, reserved "
-                         f"{describe_size(memory.reserved)}, peak reserved "
-                         f"{describe_size(memory.peak_reserved)}")
-            free = self.backend.free_memory(index)
-            if free.free is not None and free.total is not None:
-                text = f"device: {describe_size(free.free)} free of {describe_size(free.total)}"
-                if free.other_processes:
-                    text += (f"; {free.other_processes} other process(es) hold "
-                             f"{describe_size(free.other_memory or 0)}")
-                lines.append(text)
-        except Exception as exc:
-            lines.append(f"memory not readable: {exc}")
-        lines.append("gputrain frees what this test's traceback kept alive after its teardown "
-                     "(gc.collect, torch.cuda.empty_cache), so the next tests start clean.")
-        lines.append("fix: lower the batch size, train in bf16/fp16 autocast, accumulate "
-                     "gradients, checkpoint activations; if reserved is much larger than "
-                     "allocated, try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-        return "\n".join(lines)
 
     # -- teardown: OOM clean-up and gpu fixture hygiene ------------------------------------------
 
@@ -381,18 +353,52 @@ class GpuAssertions:
 
     def write_tally(self, terminalreporter: Any) -> None:
         """The GPU tests' tally, for the terminal summary."""
-        if not self.tally:
-            return
-        tallies = list(self.tally.values())
-        ran = sum(t.ran for t in tallies)
-        failed = sum(t.failed for t in tallies)
-        skipped = [t.skip_reason for t in tallies if t.skip_reason is not None and not t.failed]
-        total = len(tallies)
-        text = (f"gputrain: {total} GPU test{'s' if total != 1 else ''}: {ran} ran, "
-                f"{len(skipped)} skipped, {failed} failed")
-        if self.settings.required:
-            text += " (--gpu-required: skips fail)"
-        markup = {"red": True} if failed else {"yellow": True} if skipped else {"green": True}
-        terminalreporter.write_line(text, **markup)
-        for reason, count in Counter(skipped).most_common(3):
-            terminalreporter.write_line(f"  skipped {count}: {reason}")
+        _write_tally(terminalreporter, list(self.tally.values()), self.settings.required)
+
+
+def _oom_text(backend: GpuBackend, item: pytest.Item) -> str:
+    """What a test that ran out of CUDA memory is told: the memory then, and what to do."""
+    from pytest_gputrain.assertions.markers import describe_size
+
+    run = item.stash.get(RUN_KEY, None)
+    index = run.cuda_index if run is not None else 0
+    lines = []
+    try:
+        memory = backend.memory(index)
+        lines.append(f"cuda:{index} when the test failed: allocated "
+                     f"{describe_size(memory.allocated)}, reserved "
+                     f"{describe_size(memory.reserved)}, peak reserved "
+                     f"{describe_size(memory.peak_reserved)}")
+        free = backend.free_memory(index)
+        if free.free is not None and free.total is not None:
+            text = f"device: {describe_size(free.free)} free of {describe_size(free.total)}"
+            if free.other_processes:
+                text += (f"; {free.other_processes} other process(es) hold "
+                         f"{describe_size(free.other_memory or 0)}")
+            lines.append(text)
+    except Exception as exc:
+        lines.append(f"memory not readable: {exc}")
+    lines.append("gputrain frees what this test's traceback kept alive after its teardown "
+                 "(gc.collect, torch.cuda.empty_cache), so the next tests start clean.")
+    lines.append("fix: lower the batch size, train in bf16/fp16 autocast, accumulate "
+                 "gradients, checkpoint activations; if reserved is much larger than "
+                 "allocated, try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    return "\n".join(lines)
+
+
+def _write_tally(terminalreporter: Any, tallies: list[_Tally], required: bool) -> None:
+    """The GPU tests' tally, for the terminal summary."""
+    if not tallies:
+        return
+    ran = sum(t.ran for t in tallies)
+    failed = sum(t.failed for t in tallies)
+    skipped = [t.skip_reason for t in tallies if t.skip_reason is not None and not t.failed]
+    total = len(tallies)
+    text = (f"gputrain: {total} GPU test{'s' if total != 1 else ''}: {ran} ran, "
+            f"{len(skipped)} skipped, {failed} failed")
+    if required:
+        text += " (--gpu-required: skips fail)"
+    markup = {"red": True} if failed else {"yellow": True} if skipped else {"green": True}
+    terminalreporter.write_line(text, **markup)
+    for reason, count in Counter(skipped).most_common(3):
+        terminalreporter.write_line(f"  skipped {count}: {reason}")

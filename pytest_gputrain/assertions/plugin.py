@@ -14,26 +14,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.assertions import marker_names
+from pytest_gputrain.assertions.assertion_settings import DEFAULT_HISTORY, AssertionSettings
 from pytest_gputrain.xdist import is_xdist_worker, send_to_controller
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from pytest_gputrain.assertions.gpu_checks import GpuAssertions
-    from pytest_gputrain.assertions.markers import MaxVram
     from pytest_gputrain.assertions.worker_gpus import XdistPinning
     from pytest_gputrain.collect.sampler import NvmlSampler
 
 PLUGIN_NAME = "gputrain-assertions"
 PLUGIN_KEY = pytest.StashKey["AssertionsPlugin"]()
-DEFAULT_HISTORY = 20000
 
 OPTIONS: tuple[options.Option, ...] = (
     options.Option(
@@ -59,15 +57,6 @@ OPTIONS: tuple[options.Option, ...] = (
         "pytest-xdist with --gpu-per-worker: let workers share GPUs round-robin when there are "
         "more workers than GPUs", kind="bool", default=False),
 )
-
-
-@dataclass(frozen=True)
-class AssertionSettings:
-    required: bool = False
-    default_max_vram: MaxVram | None = None
-    history_entries: int = DEFAULT_HISTORY
-    per_worker: int | None = None
-    share: bool = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -21,10 +21,12 @@ from pytest_gputrain.regression.store_location import (
     Location,
     resolve_store,
 )
-from pytest_gputrain.units import parse_percent, shown
 
 METRICS = ("step_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
+# DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
+# that the two agree).
+DEFAULT_THRESHOLDS = {"step_time": 0.05, "peak_vram": 0.02}
 REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
 DEFAULT_ALPHA = 0.01
 # How one session's step time is summarised: its fastest clean round (interference from the host
@@ -142,6 +144,8 @@ def parse_thresholds(text: str) -> dict[str, float]:
             thresholds.pop(metric, None)
             continue
         try:
+            from pytest_gputrain.units import parse_percent
+
             thresholds[metric] = parse_percent(value) / 100
         except ValueError as exc:
             raise ValueError(f"{item!r} in {text!r}: {exc}; expected e.g. "
@@ -189,6 +193,8 @@ def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: flo
     if raw is None or str(raw).strip() == "":
         return None
     text = str(raw).strip()
+    from pytest_gputrain.units import shown  # only where a value is set
+
     out_of_range = _usage(ini, flag, f"{shown(raw)} must lie between {minimum:g} and "
                           f"{maximum:g}; e.g. {example}")
     if kind is int and len(text.lstrip("+-")) > len(str(int(maximum))):
@@ -228,7 +234,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     spec = read(config, "gpu_regression")
     try:
         thresholds = parse_thresholds(spec) if spec not in (None, "") else \
-            parse_thresholds(DEFAULT_REGRESSION)
+            dict(DEFAULT_THRESHOLDS)
     except ValueError as exc:
         raise _usage("gpu_regression", "--gpu-regression", str(exc)) from None
     alpha_raw = read(config, "gpu_alpha")
