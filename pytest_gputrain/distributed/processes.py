@@ -128,7 +128,9 @@ def _run_once(settings: LaunchSettings, payload: bytes) -> tuple[LaunchRecord, l
     timed_out = False
     started = time.monotonic()
     try:
-        context = _start(settings, payload, run_dir, _free_port())
+        store = _launch_store(settings)
+        port = int(store.port) if store is not None else _free_port()
+        context = _start(settings, payload, run_dir, port)
         try:
             for rank in range(settings.world_size):
                 ranks.append(_RankProcess(rank, context.subprocess_handlers[rank],
@@ -137,6 +139,7 @@ def _run_once(settings: LaunchSettings, payload: bytes) -> tuple[LaunchRecord, l
             timed_out = _watch(ranks, deadline)
         finally:
             _stop(context, ranks)
+            del store  # after every rank ended: none is left reading from it
         ended = time.monotonic()
         logs = {s.rank: (Path(context.stderrs[s.rank]), Path(context.stdouts[s.rank]))
                 for s in ranks}
@@ -145,6 +148,21 @@ def _run_once(settings: LaunchSettings, payload: bytes) -> tuple[LaunchRecord, l
         if not os.environ.get("GPUTRAIN_DIST_KEEP"):
             shutil.rmtree(run_dir, ignore_errors=True)
     return record, [(s.result or {}).get("value") for s in ranks]
+
+
+def _launch_store(settings: LaunchSettings) -> Any:
+    """The group's rendezvous store, hosted here for the whole launch when the ranks' group is
+    ours to make. Hosted by rank 0 (``tcp://`` init), it went with rank 0's process: a rank 0
+    that skipped or returned at once left rank 1 reading "Connection reset by peer" in
+    ``init_process_group``. Port 0: the store binds a free port itself, with no race."""
+    if not settings.init:
+        return None  # the function makes its own group (env://): rank 0 hosts MASTER_PORT
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(HOST, 0, None, True, datetime.timedelta(seconds=settings.collective_timeout),
+                    wait_for_workers=False)
 
 
 def _free_port(host: str = HOST) -> int:
@@ -302,7 +320,10 @@ def _watch(ranks: list[_RankProcess], deadline: float | None) -> bool:
             return False
         if any(s.failed for s in ranks):
             first_failure = first_failure or now
-            if now - first_failure > FAILURE_GRACE_S:
+            # A rank that returned its result is only exiting: it keeps its EXIT_GRACE_S
+            # (a loaded host can take seconds to tear a process down).
+            exiting = any(not s.finished and s.result_seen_at is not None for s in ranks)
+            if now - first_failure > FAILURE_GRACE_S and not exiting:
                 return False
         if deadline is not None and now > deadline:
             return True

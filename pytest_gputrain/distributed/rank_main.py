@@ -125,6 +125,12 @@ def init_group(backend: str, rank: int, world_size: int, local_rank: int,
                             timeout=datetime.timedelta(seconds=collective_timeout), **where)
 
 
+def dist_store_client(host: str, port: int, timeout_s: float) -> Any:
+    """A client of the launcher's TCPStore."""
+    dist: Any = importlib.import_module("torch.distributed")
+    return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s))
+
+
 def run_function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
                  recorder: RankRecorder, device: str, destroy_group: bool) -> bytes:
     """Run ``fn``, pickle its result and the probe data, and destroy the group if asked."""
@@ -230,8 +236,10 @@ def _run(spec: dict[str, Any], rank: int, recorder: RankRecorder, rank_dir: Path
     device = select_device(local_rank)
     if spec["init"]:
         recorder.set_phase("init")
+        # The launcher hosts the store (processes._launch_store): it outlives every rank.
+        store = dist_store_client(spec["host"], spec["port"], spec["collective_timeout"])
         init_group(spec["backend"], rank, spec["world_size"], local_rank,
-                   spec["collective_timeout"], init_method=f"tcp://{spec['host']}:{spec['port']}")
+                   spec["collective_timeout"], store=store)
     payload = run_function(fn, args, kwargs, recorder, device, destroy_group=True)
     _write_atomically(rank_dir / RESULT_FILE, payload)
     recorder.set_phase("done")
