@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 # The PostgreSQL store's tests share one real server (tests/postgres_server.py).
 from postgres_server import postgres_server, postgres_url  # noqa: F401
+from recorded_facts import load_fact_set
 
 # pytester's in-process runs forget modules first imported inside them, and torch cannot be
 # imported twice in one process: import it, and the plugin's lazily loaded modules, up front.
@@ -48,7 +47,6 @@ def _import_torch_lazy_modules() -> None:
 
 _import_torch_lazy_modules()
 
-FACTS_DIR = Path(__file__).parent / "facts"
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -60,12 +58,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"{len(slow)} slow test(s) left out by `-m 'not slow'` (pyproject.toml's addopts); "
             "run them with `pytest -m slow`")
-
-
-def load_fact_set(name: str) -> dict[str, Any]:
-    """A recorded facts file (tests/facts/NAME.json) as plain JSON data."""
-    data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text())
-    return data
 
 
 def patch_facts(data: dict[str, Any], set_: dict[str, Any] | None = None,

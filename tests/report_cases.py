@@ -10,11 +10,11 @@ samples and out-of-memory moments of that kind of run.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from recorded_facts import load_fact_set
 
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.facts import DeviceSample, FactsFile
@@ -33,16 +33,6 @@ from pytest_gputrain.report.model import Report, build_report
 
 GiB = 2**30
 NODE = "tests/test_train.py::test_train_resnet_bf16"
-
-# Not imported from conftest.py: under a whole-suite run "conftest" may name the sample project's.
-FACTS_DIR = Path(__file__).resolve().parent / "facts"
-
-
-def load_fact_set(name: str) -> dict[str, Any]:
-    """A recorded facts file (tests/facts/NAME.json) as plain JSON data."""
-    data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text(encoding="utf-8"))
-    return data
-
 
 @dataclass
 class Case:

@@ -10,7 +10,6 @@ base file re-recorded on real hardware does not change their meaning.
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded_facts import load_fact_set
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,7 +32,7 @@ from pytest_gputrain.facts import EnvironmentFacts, FactsFile
 from pytest_gputrain.findings import Finding
 
 TESTS = Path(__file__).resolve().parent
-FACTS_DIR = TESTS / "facts"
+
 CASES_DIR = TESTS / "rule_cases"
 CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist", "says", "not_says"}
 EXPECTATIONS = ("fires", "quiet")
@@ -107,8 +107,7 @@ def engine_for(case: Case) -> RuleEngine:
 
 @cache
 def _base_json(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FACTS_DIR / f"{name}.json").read_text(encoding="utf-8"))
-    return data
+    return load_fact_set(name)
 
 
 def load_facts(name: str) -> EnvironmentFacts:
