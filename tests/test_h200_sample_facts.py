@@ -1,0 +1,76 @@
+"""The sample pipelines' facts as the H200 recorded them, judged by today's rules.
+
+tests/gpu/test_sample_pipelines_gpu.py runs each sample on a GPU and compares its codes with
+EXPECTED.toml. Its facts files (``GPUTRAIN_SAMPLE_FACTS``) are kept here, under
+tests/facts/h200_samples/, so that a change to a rule is checked against real runs on every
+machine: each sample must still get exactly its expected warning- and error-level codes. A sample
+whose probe facts changed since the recording (a new run fact a rule reads) is re-recorded on the
+GPU; a fact missing from an old recording must leave a rule quiet, never make it fire.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shlex
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from recorded_facts import FACTS_DIR
+
+from pytest_gputrain.engine.evaluate import RuleEngine
+from pytest_gputrain.engine.rule_settings import build_config
+from pytest_gputrain.facts import FactsFile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+RECORDED = FACTS_DIR / "h200_samples"
+PIPELINES = Path(__file__).resolve().parents[1] / "sample_projects" / "pipelines"
+EXPECTED: dict[str, dict[str, Any]] = tomllib.loads(
+    (PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
+PIPELINE_SCOPES = {"run", "failure"}
+LOUD = {"warning", "error"}
+SAMPLES = sorted(path.stem for path in RECORDED.glob("*.json"))
+
+
+def rule_params(args: list[str]) -> list[str]:
+    """The ``gpu_rule_params`` a sample's ``args`` set (``-o gpu_rule_params=A.b=1 C.d=2``)."""
+    params: list[str] = []
+    for flag, value in itertools.pairwise(args):
+        key, _, text = value.partition("=")
+        if flag == "-o" and key == "gpu_rule_params":
+            params.extend(shlex.split(text))
+    return params
+
+
+@cache
+def engine(params: tuple[str, ...]) -> RuleEngine:
+    return RuleEngine.load(build_config(params=list(params)) if params else None)
+
+
+def test_every_recording_is_a_sample() -> None:
+    assert SAMPLES, f"no recorded facts under {RECORDED}"
+    assert not set(SAMPLES) - set(EXPECTED), "recordings of samples EXPECTED.toml no longer has"
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_recorded_sample_gets_its_expected_codes(name: str) -> None:
+    spec = EXPECTED[name]
+    facts = FactsFile.model_validate(
+        json.loads((RECORDED / f"{name}.json").read_text(encoding="utf-8")))
+    rules = engine(tuple(rule_params(list(spec.get("args", [])))))
+    findings = rules.evaluate_records(facts, rules.evaluate_environment(facts.environment))
+    found = sorted({f.code for f in findings
+                    if f.scope in PIPELINE_SCOPES and f.severity in LOUD})
+    info = {f.code for f in findings if f.scope in PIPELINE_SCOPES and f.severity == "info"}
+    details = "\n".join(f"  {f.severity:7} {f.code} {f.subject}: {f.message[:200]}"
+                        for f in findings if f.scope in PIPELINE_SCOPES)
+    assert found == sorted(spec.get("expect", [])), f"{name} ({spec.get('fault')}):\n{details}"
+    missing_info = set(spec.get("expect_info", [])) - info
+    assert not missing_info, f"{name}: info codes {sorted(missing_info)} missing\n{details}"
