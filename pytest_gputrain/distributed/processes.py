@@ -158,11 +158,12 @@ def _launch_store(settings: LaunchSettings) -> Any:
     if not settings.init:
         return None  # the function makes its own group (env://): rank 0 hosts MASTER_PORT
     import datetime
+    import importlib
 
-    from torch.distributed import TCPStore
-
-    return TCPStore(HOST, 0, None, True, datetime.timedelta(seconds=settings.collective_timeout),
-                    wait_for_workers=False)
+    dist: Any = importlib.import_module("torch.distributed")
+    return dist.TCPStore(HOST, 0, None, True,
+                         datetime.timedelta(seconds=settings.collective_timeout),
+                         wait_for_workers=False)
 
 
 def _free_port(host: str = HOST) -> int:
