@@ -182,6 +182,16 @@ class SyncFacts(FactGroup):
     profiled_readbacks_per_step: float | None = fact(
         doc="of those, the read-backs: a device-to-host copy then a synchronize, or "
             "torch.cuda.synchronize() (profile.readback_syncs_per_step)")
+    wait_percent: float | None = fact(
+        "%", "host time inside the syncing calls / the time of the steady steps")
+    framework: str | None = fact(
+        doc="the framework whose own code made most of the syncing calls (transformers, "
+            "lightning, accelerate; the first caller outside torch); none: the test's code")
+    framework_per_step: float | None = fact(
+        doc="median syncing calls per steady step made by a framework's own code")
+    framework_calls: list[str] = Field(
+        default_factory=list, description="those calls by framework and method, most frequent "
+                                          "first ('transformers: __bool__: 180')")
 
 
 class ProfileFacts(FactGroup):
@@ -466,6 +476,10 @@ class RunFacts(FactGroup):
     nodeid: str = fact(doc="the test", default="")
     duration: float | None = fact("s", "wall time of the test call")
     cuda_available: bool | None = fact(doc="torch.cuda.is_available() during the test")
+    framework: str | None = fact(
+        doc="the framework that drives the training loop, from the call stack at the first "
+            "optimizer step: transformers (Hugging Face Trainer), lightning, accelerate, or "
+            "pytorch (the test's own loop)")
     cpu_parametrized: bool | None = fact(
         doc="the test is parametrized with a CPU device ('cpu' or torch.device('cpu'))")
     cuda_used: bool | None = fact(doc="the test allocated CUDA memory")
@@ -498,6 +512,10 @@ class RunFacts(FactGroup):
     last_forward: ForwardRecord = Field(default_factory=ForwardRecord,
                                         description="the last top-level forward")
     conv_layers: int | None = fact(doc="convolution layers in the top-level modules")
+    batch_tokens: int | None = fact(
+        doc="tokens per batch when the model is fed token ids (a 2-D integer batch x sequence "
+            "tensor, from the main loader's batches or the first input): the work of a "
+            "language model's step grows with its tokens, not its batch size")
     input_shape_count: int | None = fact(
         doc="distinct input shapes of the most called top-level module (counted up to 8)")
     input_shape_count_all: int | None = fact(
