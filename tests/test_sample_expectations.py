@@ -21,7 +21,8 @@ from pytest_gputrain.plugin import load_features
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ROOT / "sample_projects" / "pipelines"
 EXPECTED = tomllib.loads((PIPELINES / "EXPECTED.toml").read_text(encoding="utf-8"))
-KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus", "args"}
+KEYS = {"fault", "expect", "info_ok", "expect_info", "fails", "isolated", "env", "gpus", "args",
+        "requires"}
 
 
 def _runner() -> ModuleType:
@@ -78,3 +79,16 @@ def test_the_runner_passes_a_samples_arguments_and_they_are_valid_settings() -> 
         for flag, value in zip(args[::2], args[1::2], strict=True):
             assert flag == "-o" and value.startswith("gpu_rule_params="), (name, args)
             RuleEngine.load(build_config(params=value.split("=", 1)[1]))
+
+
+def test_the_runner_skips_a_sample_whose_framework_is_missing() -> None:
+    runner = _runner()
+    assert runner.missing_modules("plain", {}) == []
+    assert runner.missing_modules("x", {"requires": ["json", "no_such_module_gputrain"]}) == [
+        "no_such_module_gputrain"]
+    with pytest.raises(ValueError, match=r"\[bad\]: requires must be a list of module names"):
+        runner.missing_modules("bad", {"requires": "transformers"})
+    for name in ("lightning_healthy", "lightning_starved_loader"):
+        assert EXPECTED[name]["requires"] == ["pytorch_lightning"]
+    for name in ("hf_trainer_healthy", "hf_trainer_fp32"):
+        assert EXPECTED[name]["requires"] == ["transformers", "accelerate"]

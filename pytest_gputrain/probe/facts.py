@@ -27,6 +27,7 @@ from pytest_gputrain.facts import (
     session_namespace,
 )
 from pytest_gputrain.probe.failure_facts import FailureFacts
+from pytest_gputrain.probe.timeline_facts import TimelineFacts
 
 Namespace = dict[str, tuple[Any, str | None, str | None]]
 
@@ -182,6 +183,16 @@ class SyncFacts(FactGroup):
     profiled_readbacks_per_step: float | None = fact(
         doc="of those, the read-backs: a device-to-host copy then a synchronize, or "
             "torch.cuda.synchronize() (profile.readback_syncs_per_step)")
+    wait_percent: float | None = fact(
+        "%", "host time inside the syncing calls / the time of the steady steps")
+    framework: str | None = fact(
+        doc="the framework whose own code made most of the syncing calls (transformers, "
+            "lightning, accelerate; the first caller outside torch); none: the test's code")
+    framework_per_step: float | None = fact(
+        doc="median syncing calls per steady step made by a framework's own code")
+    framework_calls: list[str] = Field(
+        default_factory=list, description="those calls by framework and method, most frequent "
+                                          "first ('transformers: __bool__: 180')")
 
 
 class ProfileFacts(FactGroup):
@@ -334,51 +345,6 @@ class NvmlRunFacts(FactGroup):
     power_limit_default: float | None = fact("W", "the board's default power limit")
 
 
-class TimelineFacts(FactGroup):
-    """The run as time series, for the pictures of it (the HTML report), on one clock: seconds
-    since the test's call began. Each series keeps at most ``TIMELINE_POINTS`` points, thinned
-    by ``series.keep_extremes`` (each bucket's lowest and highest values kept, so a stall or a
-    peak survives). Empty in facts recorded before the timeline existed."""
-
-    steps: int = fact(doc="optimizer steps the step series were thinned from", default=0)
-    step_end: list[float] = Field(
-        default_factory=list, description="s since the start: the end of each kept step")
-    step_number: list[int] = Field(default_factory=list,
-                                   description="1-based number of each kept step")
-    step_time: list[float] = Field(default_factory=list,
-                                   description="wall time of each kept step (s)")
-    loader_wait: list[float] = Field(
-        default_factory=list, description="time blocked in the DataLoader before each kept step "
-                                          "(s)")
-    memory_time: list[float] = Field(
-        default_factory=list, description="s since the start of each allocator reading (the "
-                                          "end of the step it followed)")
-    allocated: list[int] = Field(default_factory=list,
-                                 description="bytes allocated at each reading")
-    reserved: list[int] = Field(default_factory=list,
-                                description="bytes reserved by the caching allocator at each "
-                                            "reading")
-    nvml_time: list[float] = Field(default_factory=list,
-                                   description="s since the start of each kept NVML sample")
-    utilization: list[float | None] = Field(default_factory=list,
-                                            description="GPU utilization (%) per sample")
-    memory_used: list[int | None] = Field(
-        default_factory=list, description="device memory in use, all processes (bytes)")
-    process_memory: list[int | None] = Field(
-        default_factory=list, description="device memory this process held (bytes)")
-    sm_clock: list[float | None] = Field(default_factory=list, description="SM clock (MHz)")
-    power: list[float | None] = Field(default_factory=list, description="power draw (W)")
-    temperature: list[float | None] = Field(default_factory=list,
-                                            description="temperature (°C)")
-    throttled: list[bool | None] = Field(
-        default_factory=list, description="a hardware slowdown, thermal slowdown or power "
-                                          "brake held the clocks at that sample")
-    window_start: float | None = fact("s", "when the profiler window opened")
-    window_end: float | None = fact("s", "when the profiler window closed")
-    oom_times: list[float] = Field(default_factory=list,
-                                   description="s since the start of each out-of-memory error")
-
-
 class CompileFacts(FactGroup):
     """torch.compile during the test: dynamo's counters (``torch._dynamo.utils.counters``) read
     at the start, after the warm-up steps and at the end, and the compiles per step."""
@@ -466,6 +432,10 @@ class RunFacts(FactGroup):
     nodeid: str = fact(doc="the test", default="")
     duration: float | None = fact("s", "wall time of the test call")
     cuda_available: bool | None = fact(doc="torch.cuda.is_available() during the test")
+    framework: str | None = fact(
+        doc="the framework that drives the training loop, from the call stack at the first "
+            "optimizer step: transformers (Hugging Face Trainer), lightning, accelerate, or "
+            "pytorch (the test's own loop)")
     cpu_parametrized: bool | None = fact(
         doc="the test is parametrized with a CPU device ('cpu' or torch.device('cpu'))")
     cuda_used: bool | None = fact(doc="the test allocated CUDA memory")
@@ -498,6 +468,10 @@ class RunFacts(FactGroup):
     last_forward: ForwardRecord = Field(default_factory=ForwardRecord,
                                         description="the last top-level forward")
     conv_layers: int | None = fact(doc="convolution layers in the top-level modules")
+    batch_tokens: int | None = fact(
+        doc="tokens per batch when the model is fed token ids (a 2-D integer batch x sequence "
+            "tensor, from the main loader's batches or the first input): the work of a "
+            "language model's step grows with its tokens, not its batch size")
     input_shape_count: int | None = fact(
         doc="distinct input shapes of the most called top-level module (counted up to 8)")
     input_shape_count_all: int | None = fact(

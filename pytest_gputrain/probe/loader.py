@@ -26,6 +26,7 @@ class BatchListener(Protocol):
 _perf = time.perf_counter
 INSPECTED_BATCHES = 2
 SMALL_TENSOR_BYTES = 64 * 1024  # host-to-device copies below this are "small" (GT129)
+TOKEN_DTYPES = ("torch.int64", "torch.int32")  # token ids (embedding lookups take these)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class LoaderState:
     batch_pinned: bool | None = None
     batch_device: str | None = None
     batch_small_tensors: int | None = None  # host tensors under 64 KiB in one batch
+    batch_tokens: int | None = None  # token ids in one batch (token_count)
 
 
 @dataclass
@@ -128,6 +130,8 @@ class LoaderTracker:
             loader.batch_pinned = False
         if loader.batch_size is None and tensor.dim() > 0:
             loader.batch_size = int(tensor.shape[0])
+        if loader.batch_tokens is None:
+            loader.batch_tokens = token_count(tensor)
         small = small_host_tensors(batch)
         loader.batch_small_tensors = max(small, loader.batch_small_tensors or 0)
 
@@ -170,6 +174,18 @@ def first_tensor(value: Any, depth: int = 0) -> Any:
         if found is not None:
             return found
     return None
+
+
+def token_count(tensor: Any) -> int | None:
+    """Tokens in a batch of token ids: a 2-D integer tensor (batch x sequence), as a language
+    model is fed; None for anything else (images, features). A step's work grows with its
+    tokens, not its leading dimension: 32 sequences of 256 tokens is not a small batch."""
+    try:
+        if tensor.dim() != 2 or str(tensor.dtype) not in TOKEN_DTYPES:
+            return None
+        return int(tensor.shape[0]) * int(tensor.shape[1])
+    except Exception:  # exotic tensor subclasses: no count
+        return None
 
 
 def small_host_tensors(value: Any, depth: int = 0) -> int:

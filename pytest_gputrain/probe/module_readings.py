@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe import oom_observer
 from pytest_gputrain.probe.layer_scan import scan_layers
-from pytest_gputrain.probe.loader import first_tensor
+from pytest_gputrain.probe.loader import first_tensor, token_count
 from pytest_gputrain.probe.run_record import (
     MAX_SHAPES_SEEN,
     ModuleChecks,
@@ -483,6 +483,7 @@ class ModuleWatch:
             self._note_shape(state, key)
             if forwards.input_batch is None and key:
                 forwards.input_batch = key[0]
+                forwards.input_tokens = token_count(tensor)
         last = forwards.last
         if last is not None and name not in last[2]:
             last[2].append(name)

@@ -30,6 +30,7 @@ What is recorded lives in ``run_record.py``; how it becomes ``RunFacts`` in
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,7 @@ from pytest_gputrain.probe.cuda_readings import (
     read_backend_flags,
 )
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
+from pytest_gputrain.probe.frameworks import driving_framework
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
 from pytest_gputrain.probe.module_readings import (
     ModuleWatch,
@@ -293,8 +295,9 @@ class RunProbe:
         steps.waits.append(loader.pending)
         loader.pending = 0.0
         steps.syncs.append(syncs.pending)
+        steps.framework_syncs.append(syncs.framework_pending)
         steps.sync_waits.append(syncs.pending_wait)
-        syncs.pending = 0
+        syncs.pending = syncs.framework_pending = 0
         syncs.pending_wait = 0.0
         steps.flags.append(_IN_WINDOW if steps.in_window else
                            _AFTER_WINDOW if steps.after_window else
@@ -383,6 +386,7 @@ def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None
     readings = record.optimizer
     readings.name = type(optimizer).__name__
     readings.foreach, readings.fused, readings.param_tensors = optimizer_setup(optimizer)
+    record.framework = driving_framework(sys._getframe())
     first = None
     for group in optimizer.param_groups:
         for param in group.get("params", ()):

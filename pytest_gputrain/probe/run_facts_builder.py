@@ -121,6 +121,11 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     _settings(run, record, process)
     run.loader = _loader_facts(record, steady, process)
     run.sync = sync_facts(record, steady)
+    run.batch_tokens = batch_tokens(record)
+    if record.framework is not None:
+        run.framework = record.framework
+    else:
+        run.mark_unknown("framework", "no optimizer step")
     run.memory = memory_facts(record, process.expandable_segments, batch_size(record))
     run.profile = profile_facts(record, steps)
     busy_outside_window(run)
@@ -199,6 +204,15 @@ def batch_size(record: RunRecord) -> int | None:
     if main is not None and main.batch_size is not None:
         return int(main.batch_size)
     return record.forwards.input_batch
+
+
+def batch_tokens(record: RunRecord) -> int | None:
+    """Tokens in the main DataLoader's batches, else in the first input seen (None: not token
+    ids)."""
+    main = main_loader(record.loader.tracker)
+    if main is not None and main.batch_size is not None:
+        return main.batch_tokens
+    return record.forwards.input_tokens
 
 
 def last_forward(forwards: Forwards) -> ForwardRecord | None:

@@ -42,6 +42,7 @@ class StepSeries:
     times: list[float] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)  # DataLoader wait before the step
     syncs: list[int] = field(default_factory=list)  # syncs asked for from Python before it
+    framework_syncs: list[int] = field(default_factory=list)  # of those, a framework's own
     sync_waits: list[float] = field(default_factory=list)  # seconds spent inside those syncs
     flags: list[StepFlag] = field(default_factory=list)
     # Top-level forwards so far, at each step boundary: a step with more of them than usual
@@ -99,6 +100,9 @@ class SyncCounts:
     pending: int = 0  # since the last step
     pending_wait: float = 0.0  # seconds the host spent inside them since the last step
     by_call: dict[str, int] = field(default_factory=dict)
+    # Those whose caller (outside torch) is a framework's code (``frameworks.caller_framework``)
+    framework_pending: int = 0
+    by_framework: dict[str, int] = field(default_factory=dict)  # 'transformers: __bool__' -> n
     # Steps done when torch.compile began and the wrappers were taken out (None: counted to
     # the end); later steps' counts are not the code's syncs.
     stopped_at: int | None = None
@@ -207,6 +211,7 @@ class Forwards:
     without_backward: int = 0  # cells still False at stop
     input_devices: list[str] = field(default_factory=list)
     input_batch: int | None = None  # first dimension of the first input seen
+    input_tokens: int | None = None  # tokens in it, when it is token ids (loader.token_count)
     last: LastForward | None = None
 
 
@@ -375,3 +380,6 @@ class RunRecord:
     errors: list[str] = field(default_factory=list)
     # The test's parameters name a CPU device (read from pytest before the test runs).
     cpu_parametrized: bool | None = None
+    # The framework that drives the training loop (``frameworks.driving_framework``, read at
+    # the main optimizer's first step); None until then.
+    framework: str | None = None

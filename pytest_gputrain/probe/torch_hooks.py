@@ -14,7 +14,8 @@ What is installed (and only while a diagnosed test's call phase runs):
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
   ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
 - wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
-  ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors;
+  ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors, and those a
+  framework's own code made (the Hugging Face Trainer's NaN/Inf loss filter, ``frameworks.py``);
 - a wrapper of ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (loader.py);
 - an optimizer step pre hook (``register_optimizer_step_pre_hook``): the host time of each step;
 - wrappers of ``Optimizer.zero_grad`` and ``Module.zero_grad`` that count ``set_to_none=False``
@@ -49,7 +50,10 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
+
+from pytest_gputrain.probe.frameworks import caller_framework
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
@@ -140,14 +144,21 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
         except Exception:  # exotic tensor subclasses: count nothing, change nothing
             return False
 
-    def count() -> None:
+    def count(caller: FrameType | None) -> None:
         counts.pending += 1
         counts.by_call[name] = counts.by_call.get(name, 0) + 1
+        framework = caller_framework(caller)
+        if framework is not None:  # the framework's own habit, not the test's code
+            counts.framework_pending += 1
+            key = f"{framework}: {name}"
+            counts.by_framework[key] = counts.by_framework.get(key, 0) + 1
 
     # The host time inside the call is kept too: a long step whose time went into a read-back
     # waited for GPU work queued by the steps before it (a loop without a sync per step), it
-    # did not stall. A sync costs tens of µs at least; two clock reads do not show.
+    # did not stall. A sync costs tens of µs at least; two clock reads do not show, nor the
+    # few frame reads that tell whether a framework asked for it (frameworks.py).
     clock = time.perf_counter
+    getframe = sys._getframe
     wrapper: Callable[..., Any]
     if name in NO_ARGUMENT_METHODS:
         def wrapper(self: Any) -> Any:
@@ -157,7 +168,7 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
                 cuda = False
             if not cuda:
                 return original(self)
-            count()
+            count(getframe(1))
             started = clock()
             try:
                 return original(self)
@@ -167,7 +178,7 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if not is_cuda(self):
                 return original(self, *args, **kwargs)
-            count()
+            count(getframe(1))
             started = clock()
             try:
                 return original(self, *args, **kwargs)

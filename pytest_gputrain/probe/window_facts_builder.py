@@ -30,6 +30,7 @@ def sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
         counts = [record.steps.syncs[i] for i in counted]
         facts.per_step = float(statistics.median(counts))
         facts.max_per_step = max(counts)
+        _framework_syncs(facts, record, counted)
     else:
         facts.mark_unknown("per_step", "no optimizer steps" if stopped is None else
                            "torch.compile began before the steady steps: the profiler window "
@@ -46,6 +47,29 @@ def sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
         else:
             facts.profiled_readbacks_per_step = readbacks
     return facts
+
+
+def _framework_syncs(facts: SyncFacts, record: RunRecord, counted: list[int]) -> None:
+    """The syncs a framework's own code made (its habit, judged apart from the test's code),
+    and the share of the steps the host spent inside all syncing calls (their cost)."""
+    series = record.steps
+    by_framework = record.syncs.by_framework
+    facts.framework_calls = [f"{key}: {count}" for key, count in
+                             sorted(by_framework.items(), key=lambda item: (-item[1], item[0]))]
+    if len(series.framework_syncs) == len(series.syncs):
+        facts.framework_per_step = float(statistics.median(
+            series.framework_syncs[i] for i in counted))
+    totals: dict[str, int] = {}
+    for key, count in by_framework.items():
+        name = key.partition(":")[0]
+        totals[name] = totals.get(name, 0) + count
+    if totals:
+        facts.framework = max(sorted(totals), key=lambda name: totals[name])
+    if len(series.sync_waits) == len(series.times):
+        total = sum(series.times[i] for i in counted)
+        if total > 0:
+            facts.wait_percent = round(
+                100.0 * sum(series.sync_waits[i] for i in counted) / total, 2)
 
 
 def profile_facts(record: RunRecord, steps: int) -> ProfileFacts:

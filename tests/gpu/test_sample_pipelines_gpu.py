@@ -6,7 +6,8 @@ warning or error level in run or failure scope must equal the sample's ``expect`
 session and device findings describe the machine, not the pipeline, and are left out.
 
 A sample's ``env`` table (variable -> string) is set in its process's environment, for faults
-that must be in place before torch starts (``CUDA_VISIBLE_DEVICES``).
+that must be in place before torch starts (``CUDA_VISIBLE_DEVICES``). A sample that ``requires``
+a framework (PyTorch Lightning, transformers) is skipped, naming it, where it is not installed.
 
 Each test prints ``SAMPLE <name>: <codes>``; with ``GPUTRAIN_SAMPLE_TABLE=<path>`` set, a
 Markdown table of all samples run so far is (re)written there after each one.
@@ -14,6 +15,7 @@ Markdown table of all samples run so far is (re)written there after each one.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -101,6 +103,15 @@ def sample_args(name: str, spec: dict[str, Any]) -> list[str]:
     return extra
 
 
+def missing_modules(name: str, spec: dict[str, Any]) -> list[str]:
+    """The sample's ``requires`` (a list of module names) that are not installed."""
+    required = spec.get("requires", [])
+    if not isinstance(required, list) or not all(isinstance(item, str) for item in required):
+        raise ValueError(f"EXPECTED.toml [{name}]: requires must be a list of module names, "
+                         f'e.g. requires = ["transformers", "accelerate"], got {required!r}')
+    return [module for module in required if importlib.util.find_spec(module) is None]
+
+
 def _codes(findings: list[dict[str, Any]], severities: set[str]) -> list[str]:
     return sorted({f["code"] for f in findings
                    if f["scope"] in PIPELINE_SCOPES and f["severity"] in severities})
@@ -138,6 +149,10 @@ def _skip_without_gpus(name: str, needed: int) -> None:
 def test_sample_pipeline_diagnosis(name: str, tmp_path: Path) -> None:
     spec = EXPECTED[name]
     _skip_without_gpus(name, int(spec.get("gpus", 1)))
+    missing = missing_modules(name, spec)
+    if missing:
+        pytest.skip(f"sample {name} trains with {', '.join(missing)}, not installed: "
+                    "pip install 'pytest-gputrain[frameworks]'")
     expect = sorted(spec.get("expect", []))
     report = tmp_path / "r.json"
     command = [

@@ -1,0 +1,68 @@
+"""Which training framework drives a run, and which framework a call came from (pure).
+
+A framework is told by the package of the code on the Python call stack: ``transformers`` (the
+Hugging Face Trainer), PyTorch Lightning (``lightning``, ``pytorch_lightning``,
+``lightning_fabric``) or ``accelerate``. The rules name the framework's own setting in their
+fixes (``Trainer(precision="bf16-mixed")``, ``TrainingArguments(dataloader_num_workers=...)``)
+and do not blame the user's loop for the framework's habits (the Trainer's NaN/Inf loss filter
+reads the loss back every step).
+
+Two readings, both off the per-step path: the framework that drives the run is read once, at
+the main optimizer's first step (``driving_framework``); the framework that asked for a sync is
+read at each sync on a CUDA tensor (``caller_framework``), which already costs the host tens of
+microseconds while the GPU drains: a few frame reads do not show beside it.
+"""
+
+from __future__ import annotations
+
+from types import FrameType
+from typing import Final
+
+# Top-level package -> the framework's name in the facts.
+PACKAGES: Final = {
+    "transformers": "transformers",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+    "lightning_fabric": "lightning",
+    "accelerate": "accelerate",
+}
+# The Hugging Face Trainer runs on accelerate, and Lightning may too: the trainer that called
+# it is the one whose settings the user writes.
+PRECEDENCE: Final = ("transformers", "lightning", "accelerate")
+PLAIN: Final = "pytorch"  # no framework on the stack: the test's own loop
+# Frames of torch itself are passed over: a sync asked for inside torch (a clip_grad_norm_
+# that checks for non-finite norms) belongs to whoever called torch.
+_SKIPPED: Final = ("torch",)
+MAX_CALLER_FRAMES: Final = 8
+
+
+def package_framework(module: object) -> str | None:
+    """The framework a module (its ``__name__``) belongs to, or None."""
+    if not isinstance(module, str):
+        return None
+    return PACKAGES.get(module.partition(".")[0])
+
+
+def caller_framework(frame: FrameType | None) -> str | None:
+    """The framework of the first caller outside torch, starting at ``frame``: the code that
+    asked for a sync. None for the test's own code (or a frame chain too deep to tell)."""
+    for _ in range(MAX_CALLER_FRAMES):
+        if frame is None:
+            return None
+        module = frame.f_globals.get("__name__")
+        if not (isinstance(module, str) and module.partition(".")[0] in _SKIPPED):
+            return package_framework(module)
+        frame = frame.f_back
+    return None
+
+
+def driving_framework(frame: FrameType | None) -> str:
+    """The framework anywhere on the stack from ``frame`` up (by ``PRECEDENCE``), else
+    ``PLAIN``."""
+    found: set[str] = set()
+    while frame is not None:
+        name = package_framework(frame.f_globals.get("__name__"))
+        if name is not None:
+            found.add(name)
+        frame = frame.f_back
+    return next((name for name in PRECEDENCE if name in found), PLAIN)

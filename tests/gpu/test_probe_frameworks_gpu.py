@@ -1,0 +1,95 @@
+"""The frameworks' habits as the probe sees them on a CUDA GPU (written for the lent H200).
+
+The framework samples' training code (sample_projects/pipelines/hf_trainer_healthy,
+lightning_healthy), shrunk, runs on the GPU under a probe in this process: the Hugging Face
+Trainer's NaN/Inf loss filter syncs are counted as the Trainer's own (by their call site in
+``transformers``) with the host's wait in them, and Lightning's bf16-mixed precision shows as
+autocast forwards. Skipped without CUDA or without the frameworks
+(``pip install 'pytest-gputrain[frameworks]'``; on the device ``FRAMEWORKS=1
+../shared/device/stage``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.requires_cuda, pytest.mark.gpu,
+              pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+PIPELINES = Path(__file__).resolve().parents[2] / "sample_projects" / "pipelines"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+if not _cuda():
+    pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
+
+
+def _sample(name: str) -> ModuleType:
+    path = PIPELINES / name / f"test_{name}.py"
+    spec = importlib.util.spec_from_file_location(f"gputrain_sample_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
+    try:
+        spec.loader.exec_module(module)  # skips (importorskip) without the framework
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def _probed(train: Callable[[], Any]) -> Any:
+    import torch
+
+    from pytest_gputrain.probe import run
+
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    try:
+        train()
+    finally:
+        probe.stop()
+    assert probe.record.errors == []
+    return probe.facts()
+
+
+def test_the_trainers_nan_filter_syncs_are_the_trainers_own(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="pip install 'pytest-gputrain[frameworks]'")
+    pytest.importorskip("accelerate", reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = _sample("hf_trainer_healthy")
+    facts = _probed(lambda: sample.train(str(tmp_path), 24, layers=2, width=256, length=128,
+                                         batch_size=8, workers=0))
+    assert facts.framework == "transformers" and facts.device == "cuda:0"
+    assert facts.sync.framework == "transformers"
+    # `torch.isnan(loss) or torch.isinf(loss)` in every step: two __bool__ calls
+    assert any(call.startswith("transformers: __bool__:") for call in facts.sync.framework_calls)
+    assert facts.sync.framework_per_step is not None and facts.sync.framework_per_step >= 2
+    assert facts.sync.wait_percent is not None
+    assert facts.batch_tokens == 8 * 128
+
+
+def test_lightning_bf16_mixed_trains_under_autocast() -> None:
+    pytest.importorskip("pytorch_lightning", reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = _sample("lightning_healthy")
+    data = sample.Data(images=256, size=64, batch_size=32, workers=0)
+    facts = _probed(lambda: sample.train("gpu", 16, data))
+    assert facts.framework == "lightning" and facts.device == "cuda:0"
+    assert facts.steps == 16 and facts.backwards == 16
+    assert facts.autocast_forwards >= 16
+    # no progress bar and no logger: Lightning reads none of the logged values back per step
+    assert facts.sync.per_step is not None and facts.sync.per_step <= 1

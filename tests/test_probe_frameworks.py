@@ -1,0 +1,188 @@
+"""The frameworks a run trains through, as the probe sees them, on the CPU.
+
+The pure parts: which package a call site belongs to, which framework drives a loop, the syncs a
+framework's own code asks for (counted by the sync wrappers from a call site inside
+``transformers``: a fake CUDA tensor stands in for the GPU), and the tokens of a batch of token
+ids. Then the framework samples' own training code (sample_projects/pipelines/lightning_*,
+hf_trainer_*) runs on the CPU under a real probe, shrunk: the probe sees the framework's steps,
+forwards and backwards, and which framework drove them. Those tests skip without the frameworks
+(``pip install 'pytest-gputrain[frameworks]'``); on the GPU the samples run whole
+(tests/gpu/test_sample_pipelines_gpu.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_gputrain.probe import frameworks, run, torch_hooks
+from pytest_gputrain.probe.facts import RunFacts
+from pytest_gputrain.probe.loader import LoaderTracker, token_count
+from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepSeries, SyncCounts
+from pytest_gputrain.probe.window_facts_builder import sync_facts
+
+PIPELINES = Path(__file__).resolve().parents[1] / "sample_projects" / "pipelines"
+
+
+def _frame_in(module: str, body: str = "frame = sys._getframe()") -> FrameType:
+    """A frame of code that runs as module ``module`` (its globals' ``__name__``)."""
+    scope: dict[str, Any] = {"__name__": module, "sys": sys}
+    exec(compile(body, f"<{module}>", "exec"), scope)
+    frame = scope["frame"]
+    assert isinstance(frame, FrameType)
+    return frame
+
+
+def test_packages_name_their_framework() -> None:
+    assert frameworks.package_framework("transformers.trainer") == "transformers"
+    assert frameworks.package_framework("pytorch_lightning.loops.fit_loop") == "lightning"
+    assert frameworks.package_framework("lightning.pytorch.trainer") == "lightning"
+    assert frameworks.package_framework("lightning_fabric.utilities.apply_func") == "lightning"
+    assert frameworks.package_framework("accelerate.accelerator") == "accelerate"
+    assert frameworks.package_framework("my_project.train") is None
+    assert frameworks.package_framework(None) is None
+
+
+def test_the_caller_outside_torch_is_the_one_that_counts() -> None:
+    assert frameworks.caller_framework(_frame_in("transformers.trainer")) == "transformers"
+    assert frameworks.caller_framework(_frame_in("test_my_model")) is None
+    # torch's own frames are passed over: the framework called torch, which synced
+    scope: dict[str, Any] = {"__name__": "torch.nn.utils.clip_grad", "sys": sys}
+    exec("def inner():\n    return sys._getframe()\n", scope)
+    outer: dict[str, Any] = {"__name__": "pytorch_lightning.loops", "inner": scope["inner"]}
+    exec("frame = inner()", outer)
+    assert frameworks.caller_framework(outer["frame"]) == "lightning"
+    assert frameworks.caller_framework(None) is None
+
+
+def test_the_trainer_outranks_the_accelerate_it_runs_on() -> None:
+    scope: dict[str, Any] = {"__name__": "accelerate.optimizer", "sys": sys}
+    exec("def step():\n    return sys._getframe()\n", scope)
+    trainer: dict[str, Any] = {"__name__": "transformers.trainer", "step": scope["step"]}
+    exec("frame = step()", trainer)
+    assert frameworks.driving_framework(trainer["frame"]) == "transformers"
+    assert frameworks.driving_framework(scope["step"]()) == "accelerate"
+    assert frameworks.driving_framework(sys._getframe()) == frameworks.PLAIN
+
+
+class _FakeCudaTensor:
+    is_cuda = True
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def test_a_sync_asked_for_by_a_framework_is_counted_as_its_own() -> None:
+    counts = SyncCounts()
+    wrapped = torch_hooks.wrap_sync_method("__bool__", _FakeCudaTensor.__bool__, counts)
+    tensor = _FakeCudaTensor()
+    # the Hugging Face Trainer's NaN/Inf loss filter: `torch.isnan(loss) or torch.isinf(loss)`
+    trainer: dict[str, Any] = {"__name__": "transformers.trainer", "check": wrapped,
+                               "t": tensor}
+    exec("for _ in range(3):\n    check(t)\n    check(t)\n", trainer)
+    wrapped(tensor)  # the test's own `if loss:`
+    assert counts.pending == 7 and counts.framework_pending == 6
+    assert counts.by_call == {"__bool__": 7}
+    assert counts.by_framework == {"transformers: __bool__": 6}
+
+
+def test_sync_facts_split_the_frameworks_syncs_and_their_cost() -> None:
+    record = RunRecord(nodeid="t::x", warmup=0, profile_steps=None,
+                       steps=StepSeries(last_t=0.0), loader=LoaderWaits(LoaderTracker()))
+    steps = record.steps
+    steps.times = [0.1] * 4
+    steps.syncs = [3, 3, 3, 3]
+    steps.framework_syncs = [2, 2, 2, 2]
+    steps.sync_waits = [0.0005] * 4
+    record.syncs.by_call = {"__bool__": 8, "item": 4}
+    record.syncs.by_framework = {"transformers: __bool__": 8}
+    facts = sync_facts(record, [0, 1, 2, 3])
+    assert facts.per_step == 3.0 and facts.framework_per_step == 2.0
+    assert facts.framework == "transformers"
+    assert facts.framework_calls == ["transformers: __bool__: 8"]
+    assert facts.wait_percent == 0.5
+
+
+def test_a_batch_of_token_ids_counts_its_tokens() -> None:
+    assert token_count(torch.zeros(32, 256, dtype=torch.long)) == 8192
+    assert token_count(torch.zeros(8, 128, dtype=torch.int32)) == 1024
+    assert token_count(torch.zeros(32, 256)) is None  # features, not token ids
+    assert token_count(torch.zeros(32, 3, 8, 8, dtype=torch.uint8)) is None  # images
+    assert token_count(torch.zeros(32, dtype=torch.long)) is None  # class labels
+    assert token_count(object()) is None
+
+
+# -- the framework samples' training code on the CPU, under a real probe ----------------------
+
+def _sample(name: str) -> ModuleType:
+    path = PIPELINES / name / f"test_{name}.py"
+    spec = importlib.util.spec_from_file_location(f"gputrain_sample_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
+    try:
+        spec.loader.exec_module(module)  # skips (importorskip) without the framework
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    try:
+        result = train()
+    finally:
+        probe.stop()
+    counts = torch_hooks.global_hook_counts(torch)
+    assert counts == {name: 0 for name in counts}, counts
+    assert probe.record.errors == []
+    return result, probe.facts()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # pin_memory without an accelerator, ...
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["lightning_healthy", "lightning_starved_loader"])
+def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: str) -> None:
+    pytest.importorskip("pytorch_lightning", reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = _sample(name)
+    steps = 10
+    if name == "lightning_healthy":
+        data = sample.Data(images=96, size=32, batch_size=12, workers=0)
+        losses, facts = _probed(lambda: sample.train("cpu", steps, data, precision="32-true"))
+    else:
+        losses, facts = _probed(lambda: sample.train("cpu", steps, images=120, size=32,
+                                                     batch_size=12, precision="32-true"))
+    assert losses and all(loss > 0 for loss in losses)
+    assert facts.framework == "lightning"
+    assert facts.steps == steps and facts.backwards == steps and facts.grad_forwards == steps
+    assert facts.loader.batch_size == 12 and facts.loader.num_workers == 0
+    assert facts.batch_tokens is None  # images, not token ids
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", ["hf_trainer_healthy", "hf_trainer_fp32"])
+def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
+        name: str, tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="pip install 'pytest-gputrain[frameworks]'")
+    pytest.importorskip("accelerate", reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = _sample(name)
+    steps = 8
+    losses, facts = _probed(lambda: sample.train(
+        str(tmp_path), steps, cpu=True, layers=1, width=32, length=16, batch_size=4, vocab=128,
+        workers=0))
+    assert len(losses) == 4 and all(loss > 0 for loss in losses)
+    assert facts.framework == "transformers"
+    assert facts.steps == steps and facts.backwards == steps
+    assert facts.modules[0].name == "GPT2LMHeadModel"
+    assert facts.loader.batch_size == 4 and facts.batch_tokens == 4 * 16
