@@ -27,6 +27,8 @@ from pytest_gputrain.facts import (
     session_namespace,
 )
 from pytest_gputrain.probe.failure_facts import FailureFacts
+from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
+from pytest_gputrain.probe.timeline_facts import TimelineFacts
 
 Namespace = dict[str, tuple[Any, str | None, str | None]]
 
@@ -62,6 +64,8 @@ class LoaderRecord(BaseModel):
     persistent_workers: bool | None = fact(doc="DataLoader persistent_workers")
     prefetch_factor: int | None = fact(doc="DataLoader prefetch_factor (workers only)")
     batch_size: int | None = fact(doc="DataLoader batch_size")
+    drop_last: bool | None = fact(doc="DataLoader drop_last")
+    samples: int | None = fact(doc="samples its sampler yields per epoch")
     iterators: int = fact(doc="iterators created (epochs)", default=0)
     batches: int = fact(doc="batches fetched", default=0)
     wait: float = fact("s", "time blocked in __next__", default=0.0)
@@ -81,6 +85,12 @@ class LoaderFacts(FactGroup):
     persistent_workers: bool | None = fact(doc="persistent_workers of the main loader")
     prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
     batch_size: int | None = fact(doc="batch_size of the main loader")
+    drop_last: bool | None = fact(doc="drop_last of the main loader")
+    samples: int | None = fact(
+        doc="samples the main loader's sampler yields per epoch (len of the sampler or dataset)")
+    last_batch_size: int | None = fact(
+        doc="samples in the main loader's last batch of an epoch (samples % batch_size; the "
+            "full batch size when it divides evenly; None with drop_last)")
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
     batch_small_tensors: int | None = fact(
         doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
@@ -334,51 +344,6 @@ class NvmlRunFacts(FactGroup):
     power_limit_default: float | None = fact("W", "the board's default power limit")
 
 
-class TimelineFacts(FactGroup):
-    """The run as time series, for the pictures of it (the HTML report), on one clock: seconds
-    since the test's call began. Each series keeps at most ``TIMELINE_POINTS`` points, thinned
-    by ``series.keep_extremes`` (each bucket's lowest and highest values kept, so a stall or a
-    peak survives). Empty in facts recorded before the timeline existed."""
-
-    steps: int = fact(doc="optimizer steps the step series were thinned from", default=0)
-    step_end: list[float] = Field(
-        default_factory=list, description="s since the start: the end of each kept step")
-    step_number: list[int] = Field(default_factory=list,
-                                   description="1-based number of each kept step")
-    step_time: list[float] = Field(default_factory=list,
-                                   description="wall time of each kept step (s)")
-    loader_wait: list[float] = Field(
-        default_factory=list, description="time blocked in the DataLoader before each kept step "
-                                          "(s)")
-    memory_time: list[float] = Field(
-        default_factory=list, description="s since the start of each allocator reading (the "
-                                          "end of the step it followed)")
-    allocated: list[int] = Field(default_factory=list,
-                                 description="bytes allocated at each reading")
-    reserved: list[int] = Field(default_factory=list,
-                                description="bytes reserved by the caching allocator at each "
-                                            "reading")
-    nvml_time: list[float] = Field(default_factory=list,
-                                   description="s since the start of each kept NVML sample")
-    utilization: list[float | None] = Field(default_factory=list,
-                                            description="GPU utilization (%) per sample")
-    memory_used: list[int | None] = Field(
-        default_factory=list, description="device memory in use, all processes (bytes)")
-    process_memory: list[int | None] = Field(
-        default_factory=list, description="device memory this process held (bytes)")
-    sm_clock: list[float | None] = Field(default_factory=list, description="SM clock (MHz)")
-    power: list[float | None] = Field(default_factory=list, description="power draw (W)")
-    temperature: list[float | None] = Field(default_factory=list,
-                                            description="temperature (°C)")
-    throttled: list[bool | None] = Field(
-        default_factory=list, description="a hardware slowdown, thermal slowdown or power "
-                                          "brake held the clocks at that sample")
-    window_start: float | None = fact("s", "when the profiler window opened")
-    window_end: float | None = fact("s", "when the profiler window closed")
-    oom_times: list[float] = Field(default_factory=list,
-                                   description="s since the start of each out-of-memory error")
-
-
 class CompileFacts(FactGroup):
     """torch.compile during the test: dynamo's counters (``torch._dynamo.utils.counters``) read
     at the start, after the warm-up steps and at the end, and the compiles per step."""
@@ -557,6 +522,9 @@ class RunFacts(FactGroup):
     compile: CompileFacts = Field(default_factory=CompileFacts)
     optimizer: OptimizerFacts = Field(default_factory=OptimizerFacts)
     ddp: DdpFacts = Field(default_factory=DdpFacts)
+    checkpoint: CheckpointFacts = Field(default_factory=CheckpointFacts)
+    loss: LossFacts = Field(default_factory=LossFacts)
+    amp: AmpFacts = Field(default_factory=AmpFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

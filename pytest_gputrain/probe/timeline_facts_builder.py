@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from pytest_gputrain.probe.facts import TimelineFacts
 from pytest_gputrain.probe.run_record import NvmlTimeline, RunRecord
+from pytest_gputrain.probe.timeline_facts import TimelineFacts
 from pytest_gputrain.series import keep_extremes, take
 
 TIMELINE_POINTS = 600  # at most this many points per series in the facts
