@@ -308,7 +308,7 @@ class StallFacts(FactGroup):
     steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
     explained: int | None = fact(
         doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
-            "a new input shape under cuDNN autotuning or torch.compile, or time inside read-backs")
+            "a new input shape under cuDNN autotuning or torch.compile, or a wait for queued work")
     time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
     time_percent: float | None = fact("%", "that time / the training time of the judged steps")
     longest: float | None = fact("s", "the longest unexplained stall step")
