@@ -43,6 +43,10 @@ def sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
             facts.mark_unknown("profiled_readbacks_per_step", (
                 "a step in the profiler window fed a convolution a new input shape with cuDNN "
                 "benchmark mode on: cuDNN's algorithm search reads its timings back (GT120)"))
+        elif _saved_in_window(record):
+            facts.mark_unknown("profiled_readbacks_per_step", (
+                "a step in the profiler window called torch.save: it copies each CUDA tensor "
+                "of the checkpoint to the host, one read-back each (GT140)"))
         else:
             facts.profiled_readbacks_per_step = readbacks
     return facts
@@ -214,6 +218,13 @@ def _autotuned_in_window(record: RunRecord) -> bool:
     window = {i for i, flag in enumerate(record.steps.flags) if flag is StepFlag.IN_WINDOW}
     return any(step in window for state in record.forwards.modules.values()
                if state.conv_layers for step in state.new_shape_steps)
+
+
+def _saved_in_window(record: RunRecord) -> bool:
+    """A step inside the profiler window called torch.save."""
+    flags = record.steps.flags
+    return any(step < len(flags) and flags[step] is StepFlag.IN_WINDOW
+               for step in record.steps.saves)
 
 
 def _shape_sensitive(record: RunRecord) -> bool:
