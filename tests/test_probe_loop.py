@@ -72,14 +72,16 @@ def test_a_finite_run_reads_its_checks_once_at_the_end() -> None:
             optimizer.zero_grad()
             model(torch.ones(4, 3)).sum().backward()
             optimizer.step()
-        # While the test trains the checks are queued tensors, never read back.
-        readings = list(probe.record.loss.checks)
+        # While the test trains the checks are slots of one tensor, never read back.
+        readings = list(probe.record.loss.checked_steps)
         assert probe.record.loss.finite == []
-        assert all(isinstance(finite, torch.Tensor) for _, finite in readings)
+        flags = probe.record.loss.flags
+        assert isinstance(flags, torch.Tensor) and flags.shape == (loss_readings.MAX_CHECKS,)
     finally:
         probe.stop()
-    assert [step for step, _ in readings] == [0, 8, 16]
-    assert probe.record.loss.checks == [] and probe.record.loss.last is None
+    assert readings == [0, 8, 16]
+    assert probe.record.loss.checked_steps == [] and probe.record.loss.flags is None
+    assert probe.record.loss.last is None
     loss = probe.facts().loss
     assert loss.checks == 4 and loss.nonfinite_checks == 0 and loss.last_finite is True
     assert loss.first_nonfinite_step is None
@@ -91,10 +93,17 @@ def test_the_checks_stay_evenly_spaced_as_the_stride_doubles() -> None:
     loss = torch.ones(())
     for _ in range(8 * loss_readings.MAX_CHECKS * 2):
         watch.on_loss(loss)
-    checks = probe.record.loss.checks
-    assert len(checks) < loss_readings.MAX_CHECKS
+        probe.record.steps.times.append(0.01)  # one backward per step
+    steps = probe.record.loss.checked_steps
+    assert len(steps) < loss_readings.MAX_CHECKS
     assert probe.record.loss.check_every == 32
+    assert steps == list(range(0, 32 * len(steps), 32))  # evenly spaced, every 32nd backward
     assert probe.record.loss.backwards == 8 * loss_readings.MAX_CHECKS * 2
+    # A NaN loss in a kept slot is still found after the compactions.
+    watch.on_loss(torch.tensor(float("nan")))
+    watch.read_end(cuda_ok=True)
+    assert probe.record.loss.finite[-1] == (1024, False) and all(
+        finite for _, finite in probe.record.loss.finite[:-1])
 
 
 def test_a_vector_loss_and_a_list_of_losses_are_checked_whole() -> None:
@@ -108,7 +117,8 @@ def test_a_vector_loss_and_a_list_of_losses_are_checked_whole() -> None:
 
 def test_checks_on_a_dead_cuda_context_are_not_read() -> None:
     probe = _probe()
-    probe.record.loss.checks = [(0, SimpleNamespace(device="cuda:0"))]
+    probe.record.loss.flags = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    probe.record.loss.checked_steps = [0]
     probe.loss.read_end(cuda_ok=False)
     assert probe.record.loss.finite == []
     assert probe.record.loss.unread == "the CUDA context was unusable when the test ended"

@@ -5,15 +5,17 @@ the CPU while the model trains on the GPU).
 
 Whether the loss stayed finite (GT142), without a sync per step: every ``check_every``-th
 backward (the first one included) queues ``torch.isfinite`` of the loss on the loss's own device
-and keeps the 0-d result, a tensor the GPU fills when it gets there; nothing is read back while
-the test trains. The last loss is kept (a reference, no copy) and checked when the test ends.
-At most ``MAX_CHECKS`` checks are kept: when the list fills, every second one is dropped and
-``check_every`` doubles, so a long run pays a few small kernels per doubling of its length and
-its checks stay evenly spaced. At the end (``read_end``, after the hooks are gone) the checks
-of each device are stacked and read back in one copy: one sync per device, after training.
-No check is queued while a CUDA graph is being captured (it would join the graph), nor while
-torch.compile traces (fake tensors), and after a CUDA error that left the context unusable the
-checks are not read (``unread`` says why).
+and writes the result into the next slot of ``flags``, a bool tensor of ``MAX_CHECKS`` slots
+allocated once at the first check on that device, so the checks add no allocation the memory
+facts would see after it (their temporaries are freed within the step). Nothing is read back
+while the test trains. The last loss is kept (a reference, no copy) and checked when the test
+ends. When the slots fill, every second check is dropped and ``check_every`` doubles, so a long
+run pays a few small kernels per doubling of its length and its checks stay evenly spaced. At
+the end (``read_end``, after the hooks are gone) the slots are read back in one copy: one sync,
+after training. A loss on another device than the first checked one is not checked (moving the
+result would sync); no check is queued while a CUDA graph is being captured (it would join the
+graph), nor while torch.compile traces (fake tensors); after a CUDA error that left the context
+unusable the checks are not read (``unread`` says why).
 """
 
 from __future__ import annotations
@@ -64,40 +66,46 @@ class LossWatch:
             self.probe.fail("backward wrapper (loss)", exc)
 
     def _check(self, loss: Any, step: int) -> None:
-        """Queue ``isfinite`` of ``loss`` on its device; keep the result unread."""
+        """Queue ``isfinite`` of ``loss`` into the next slot of ``flags``; read nothing."""
+        torch = self.torch
+        readings = self.readings
         if loss.is_cuda and self._capturing():
             return
-        finite = self.torch.isfinite(loss.detach())
-        if finite.dim():
-            finite = finite.all()
-        checks = self.readings.checks
-        checks.append((step, finite))
-        if len(checks) >= MAX_CHECKS:
-            del checks[1::2]
-            self.readings.check_every *= 2
+        flags = readings.flags
+        if flags is None:
+            flags = readings.flags = torch.ones(MAX_CHECKS, dtype=torch.bool, device=loss.device)
+        elif flags.device != loss.device:
+            return
+        finite = torch.isfinite(loss.detach())
+        steps = readings.checked_steps
+        flags[len(steps)] = finite.all() if finite.dim() else finite
+        steps.append(step)
+        if len(steps) == MAX_CHECKS:  # keep every second check, evenly spaced
+            flags[:MAX_CHECKS // 2] = flags[0::2].clone()
+            del steps[1::2]
+            readings.check_every *= 2
 
     def read_end(self, cuda_ok: bool) -> None:
-        """Check the last loss and read every check back: one copy per device. With the CUDA
-        context unusable (``cuda_ok`` False) the checks on CUDA are dropped unread."""
+        """Check the last loss and read every check back in one copy. With the CUDA context
+        unusable (``cuda_ok`` False) checks on CUDA are dropped unread."""
         readings = self.readings
         last, readings.last = readings.last, None
         try:
-            if last is not None and (cuda_ok or not last.is_cuda) and not self.probe.disabled:
-                step = readings.checks[-1][0] if readings.checks else -1
-                if step != readings.last_step:
-                    self._check(last, readings.last_step)
-            by_device: dict[str, list[tuple[int, Any]]] = {}
-            for step, finite in readings.checks:
-                by_device.setdefault(str(finite.device), []).append((step, finite))
-            found: list[tuple[int, bool]] = []
-            for device, checks in by_device.items():
-                if device != "cpu" and not cuda_ok:
-                    readings.unread = "the CUDA context was unusable when the test ended"
-                    continue
-                values = self.torch.stack([finite for _, finite in checks]).tolist()
-                found.extend((step, bool(value)) for (step, _), value in zip(
-                    checks, values, strict=True))
-            readings.finite = sorted(found)
+            if readings.flags is not None and readings.flags.device.type != "cpu" \
+                    and not cuda_ok:
+                readings.unread = "the CUDA context was unusable when the test ended"
+                return
+            checked = readings.checked_steps
+            if last is not None and not self.probe.disabled and (cuda_ok or not last.is_cuda) \
+                    and (not checked or checked[-1] != readings.last_step):
+                self._check(last, readings.last_step)
+            steps, flags = readings.checked_steps, readings.flags
+            if flags is not None and steps:
+                values = flags[:len(steps)].tolist()
+                readings.finite = [(step, bool(value)) for step, value in zip(
+                    steps, values, strict=True)]
         except Exception as exc:
             readings.unread = f"reading the loss checks: {type(exc).__name__}: {exc}"
-        readings.checks = []
+        finally:
+            readings.flags = None
+            readings.checked_steps = []

@@ -358,8 +358,10 @@ class LossReadings:
     backwards: int = 0  # torch.autograd.backward calls with a tensor to start from
     cpu: int = 0  # of those, started from a tensor on the CPU
     check_every: int = 8  # check every n-th backward; doubles as the checks fill up
-    # (step index, a 0-d bool tensor on the loss's device: finite) per check, read at the end
-    checks: list[tuple[int, Any]] = field(default_factory=list)
+    # The checks: a bool tensor on the first checked loss's device, allocated once, whose slot
+    # i the GPU fills with "finite" for the i-th check; read at the end. Its steps, by slot:
+    flags: Any = None
+    checked_steps: list[int] = field(default_factory=list)
     last: Any = None  # the last loss (checked at the end; dropped then)
     last_step: int = 0  # index of the step the last loss belonged to
     finite: list[tuple[int, bool]] = field(default_factory=list)  # the checks, read at the end
