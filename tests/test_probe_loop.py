@@ -87,12 +87,18 @@ def test_a_finite_run_reads_its_checks_once_at_the_end() -> None:
     assert loss.first_nonfinite_step is None
 
 
+def _backward(probe: run.RunProbe, tensors: Any) -> None:
+    """What the backward wrapper does: the module watch counts it, then the loss is read."""
+    probe.record.forwards.backwards += 1
+    probe.loss.on_loss(tensors)
+
+
 def test_the_checks_stay_evenly_spaced_as_the_stride_doubles() -> None:
     probe = _probe()
     watch = probe.loss
     loss = torch.ones(())
     for _ in range(8 * loss_readings.MAX_CHECKS * 2):
-        watch.on_loss(loss)
+        _backward(probe, loss)
         probe.record.steps.times.append(0.01)  # one backward per step
     steps = probe.record.loss.checked_steps
     assert len(steps) < loss_readings.MAX_CHECKS
@@ -100,7 +106,7 @@ def test_the_checks_stay_evenly_spaced_as_the_stride_doubles() -> None:
     assert steps == list(range(0, 32 * len(steps), 32))  # evenly spaced, every 32nd backward
     assert probe.record.loss.backwards == 8 * loss_readings.MAX_CHECKS * 2
     # A NaN loss in a kept slot is still found after the compactions.
-    watch.on_loss(torch.tensor(float("nan")))
+    _backward(probe, torch.tensor(float("nan")))
     watch.read_end(cuda_ok=True)
     assert probe.record.loss.finite[-1] == (1024, False) and all(
         finite for _, finite in probe.record.loss.finite[:-1])
@@ -108,11 +114,13 @@ def test_the_checks_stay_evenly_spaced_as_the_stride_doubles() -> None:
 
 def test_a_vector_loss_and_a_list_of_losses_are_checked_whole() -> None:
     probe = _probe()
-    probe.loss.on_loss([torch.tensor([1.0, float("inf")]), torch.ones(())])
+    _backward(probe, [torch.tensor([1.0, float("inf")]), torch.ones(())])
     probe.loss.read_end(cuda_ok=True)
     assert probe.record.loss.finite == [(0, False)]
-    probe.loss.on_loss("not a tensor")  # what a user passes is none of the probe's business
+    _backward(probe, "not a tensor")  # what a user passes is none of the probe's business
     assert probe.record.loss.backwards == 1 and not probe.disabled
+    probe.loss.on_loss(torch.ones(()))  # a backward the module watch did not count (traced)
+    assert probe.record.loss.backwards == 1
 
 
 def test_checks_on_a_dead_cuda_context_are_not_read() -> None:

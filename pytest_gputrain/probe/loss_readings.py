@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_gputrain.probe.torch_hooks import is_tracing
-
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
@@ -38,16 +36,21 @@ class LossWatch:
         self.probe = probe
         self.readings = probe.record.loss
         self._steps = probe.record.steps.times  # its length: the index of the step under way
-        self._tracing = is_tracing(torch)
+        # The backwards the module watch counted (``on_backward_start`` runs first): not those
+        # torch.compile traces on fake tensors, none once the probe is disabled.
+        self._forwards = probe.record.forwards
+        self._seen = 0
         self._tensor_type = torch.Tensor
         capturing = getattr(getattr(torch, "cuda", None), "is_current_stream_capturing", None)
         self._capturing = capturing if callable(capturing) else (lambda: False)
 
     def on_loss(self, tensors: Any) -> None:
         """``torch.autograd.backward(tensors, ...)`` is about to run (``Tensor.backward`` calls
-        it): the first tensor is the loss."""
-        if self.probe.disabled or self._tracing():
+        it), and the module watch has counted it: the first tensor is the loss."""
+        counted = self._forwards.backwards
+        if counted == self._seen:
             return
+        self._seen = counted
         try:
             loss = tensors
             if not isinstance(loss, self._tensor_type):

@@ -190,7 +190,8 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
 def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
                   loss: bool = False) -> Callable[..., Any]:
     """Tell the probe of each backward; with ``loss``, also of the tensors it starts from
-    (``torch.autograd.backward(tensors, ...)``; not ``grad``, whose outputs may be anything)."""
+    (``torch.autograd.backward(tensors, ...)``; not ``grad``, whose outputs may be anything),
+    after ``on_backward_start``: the loss is read only for a backward that one counted."""
     def backward(*args: Any, **kwargs: Any) -> Any:
         probe.on_backward_start()
         if loss:
