@@ -260,6 +260,9 @@ CASES: list[tuple[str, str, str]] = [
      "library.\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000", "nccl"),
     ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (4x3 and 4x2)", "not_gpu"),
     ("ValueError", "Expected input batch_size (32) to match target batch_size (16).", "not_gpu"),
+    # -- not a GPU error, but a cause the probe's records name (GT220) --
+    ("ValueError", "Expected more than 1 value per channel when training, got input size "
+     "torch.Size([1, 256])", "batch_norm_single"),
 ]
 
 

@@ -3,9 +3,9 @@
 The hooks (``torch_hooks.py``, and the DataLoader wrapper in ``loader.py``) hold the probe
 through this protocol. ``RunProbe`` satisfies it (mypy checks it in ``run.py``): some callbacks
 are its own methods, the others the bound methods of its readers (``ModuleWatch``,
-``CompileWatch``, ``CallReadings``), so that a hook reaches the reader with no call in between.
-The readers hold the probe through it too, to report a failure (``fail``) and to see the probe
-disabled.
+``CompileWatch``, ``CallReadings``, ``LossWatch``), so that a hook reaches the reader with no
+call in between. The readers hold the probe through it too, to report a failure (``fail``) and
+to see the probe disabled.
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ class ProbeCallbacks(Protocol):
 
     def on_backward_end(self) -> None: ...
 
+    def on_loss(self, tensors: Any) -> None: ...
+
     def on_batch(self, iterator: Any, batch: Any, wait: float) -> None: ...
 
-    def on_save(self) -> None: ...
+    def on_save(self, seconds: float) -> None: ...
+
+    def on_scale(self, scaler: Any) -> None: ...
 
     def on_reset_peak(self, device: Any) -> None: ...
 

@@ -1,10 +1,12 @@
 """What the run probe reads of torch's CUDA state: allocator counters, the device's memory
-budget and the backend flags (plain reads with no probe state; callers guard them); and
+budget, the backend flags and autocast (plain reads with no probe state; callers guard them); and
 ``CallReadings``, what the test's own calls into torch that the probe wraps tell (empty_cache,
-reset_peak_memory_stats, gradcheck, torch.save) with the allocator's out-of-memory moments."""
+reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale) with the allocator's
+out-of-memory moments."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -119,6 +121,25 @@ def read_backend_flags(torch: Any) -> dict[str, Any]:
     return flags
 
 
+def autocast_check(torch: Any) -> Callable[[], bool]:
+    """A call that tells whether CUDA autocast is on (torch < 2.4 takes no device)."""
+    try:
+        torch.is_autocast_enabled("cuda")
+    except TypeError:
+        return torch.is_autocast_enabled  # type: ignore[no-any-return]
+    return functools.partial(torch.is_autocast_enabled, "cuda")
+
+
+def autocast_dtype(torch: Any) -> Callable[[], Any]:
+    """A call that tells the dtype CUDA autocast casts to (``get_autocast_dtype("cuda")``,
+    torch >= 2.4; ``get_autocast_gpu_dtype()`` before)."""
+    getter = getattr(torch, "get_autocast_dtype", None)
+    if callable(getter):
+        return functools.partial(getter, "cuda")
+    older = getattr(torch, "get_autocast_gpu_dtype", None)
+    return older if callable(older) else (lambda: None)
+
+
 DEVICE_CALL_KEYS = ("num_device_alloc", "num_device_free")
 
 
@@ -135,7 +156,8 @@ class CallReadings:
     """What the test's own calls into torch tell, through the wrappers the probe puts on them
     (hook callbacks of ``ProbeCallbacks``): ``torch.cuda.empty_cache()`` and the cudaFree calls
     it makes, ``reset_peak_memory_stats`` (the peaks so far are kept first),
-    ``gradcheck`` while training and the step each ``torch.save`` falls in; and the
+    ``gradcheck`` while training, the step and time of each ``torch.save`` and the loss
+    scaling of a ``GradScaler``; and the
     allocator's: its out-of-memory observer (``on_oom``) and its cudaMalloc/cudaFree counters
     once the steady counting begins (``mark``) and at the end (``read_end``)."""
 
@@ -192,11 +214,18 @@ class CallReadings:
         if self.record.steps.times:
             self.record.settings.gradcheck_calls += 1
 
-    def on_save(self) -> None:
-        """A torch.save call (through ``wrap_before``, which guards it): the step it falls in
-        saved a checkpoint (GT118)."""
+    def on_save(self, seconds: float) -> None:
+        """A torch.save call that took ``seconds`` (``wrap_save``, which guards it): the step it
+        falls in saved a checkpoint (GT118 leaves it alone; GT140 weighs the time)."""
         steps = self.record.steps
         steps.saves.append(len(steps.times))
+        steps.save_times.append(seconds)
+
+    def on_scale(self, scaler: Any) -> None:
+        """``GradScaler.scale`` (through ``wrap_before``): loss scaling, when the scaler is on
+        (``GradScaler(enabled=False)`` returns the loss as it is)."""
+        if getattr(scaler, "_enabled", True):
+            self.record.optimizer.scaler_scales += 1
 
     def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:

@@ -27,6 +27,7 @@ from pytest_gputrain.facts import (
     session_namespace,
 )
 from pytest_gputrain.probe.failure_facts import FailureFacts
+from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
 
 Namespace = dict[str, tuple[Any, str | None, str | None]]
@@ -63,6 +64,8 @@ class LoaderRecord(BaseModel):
     persistent_workers: bool | None = fact(doc="DataLoader persistent_workers")
     prefetch_factor: int | None = fact(doc="DataLoader prefetch_factor (workers only)")
     batch_size: int | None = fact(doc="DataLoader batch_size")
+    drop_last: bool | None = fact(doc="DataLoader drop_last")
+    samples: int | None = fact(doc="samples its sampler yields per epoch")
     iterators: int = fact(doc="iterators created (epochs)", default=0)
     batches: int = fact(doc="batches fetched", default=0)
     wait: float = fact("s", "time blocked in __next__", default=0.0)
@@ -82,6 +85,12 @@ class LoaderFacts(FactGroup):
     persistent_workers: bool | None = fact(doc="persistent_workers of the main loader")
     prefetch_factor: int | None = fact(doc="prefetch_factor of the main loader (workers only)")
     batch_size: int | None = fact(doc="batch_size of the main loader")
+    drop_last: bool | None = fact(doc="drop_last of the main loader")
+    samples: int | None = fact(
+        doc="samples the main loader's sampler yields per epoch (len of the sampler or dataset)")
+    last_batch_size: int | None = fact(
+        doc="samples in the main loader's last batch of an epoch (samples % batch_size; the "
+            "full batch size when it divides evenly; None with drop_last)")
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
     batch_small_tensors: int | None = fact(
         doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
@@ -309,7 +318,7 @@ class StallFacts(FactGroup):
     steps: int | None = fact(doc="stall steps no epoch start, validation or torch.save explains")
     explained: int | None = fact(
         doc="long steps explained by an epoch start, extra forwards (validation), torch.save, or "
-            "a new input shape under cuDNN autotuning or torch.compile, or time inside read-backs")
+            "a new input shape under cuDNN autotuning or torch.compile, or a wait for queued work")
     time: float | None = fact("s", "time the unexplained stalls took beyond the median step")
     time_percent: float | None = fact("%", "that time / the training time of the judged steps")
     longest: float | None = fact("s", "the longest unexplained stall step")
@@ -531,6 +540,9 @@ class RunFacts(FactGroup):
     compile: CompileFacts = Field(default_factory=CompileFacts)
     optimizer: OptimizerFacts = Field(default_factory=OptimizerFacts)
     ddp: DdpFacts = Field(default_factory=DdpFacts)
+    checkpoint: CheckpointFacts = Field(default_factory=CheckpointFacts)
+    loss: LossFacts = Field(default_factory=LossFacts)
+    amp: AmpFacts = Field(default_factory=AmpFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

@@ -1,4 +1,6 @@
-"""Failure facts: a test that failed on a GPU error, the ``failure.*`` names.
+"""Failure facts: a test that failed on a GPU error, the ``failure.*`` names (and a few
+training failures whose cause the probe's records name, on any device: a batch-norm batch of
+one sample, ``batch_norm_single``).
 
 ``FailureFacts`` holds the exception, classified (``failure_kinds.py``), and what the probe,
 the message and NVML say of the moment it failed (``failures.py`` fills it). Its rule scope,
@@ -35,6 +37,7 @@ FailureKind = Literal[
     "cudnn",
     "cublas",
     "cuda_other",
+    "batch_norm_single",
     "not_gpu",
 ]
 
@@ -114,6 +117,9 @@ class FailureFacts(FactGroup):
     compile_stage: str | None = fact(doc="compile: the stage that failed (dynamo, aot, "
                                          "inductor, triton)")
     dtypes: list[str] = Field(default_factory=list, description="dtypes named in the message")
+    input_shape: list[int] = Field(
+        default_factory=list,
+        description="batch_norm_single: the input size the message names ([1, 64])")
     cuda_involved: bool | None = fact(doc="the message names CUDA, or the failing module's "
                                           "parameters or inputs were on a CUDA device")
     cuda_unavailable_cause: str | None = fact(

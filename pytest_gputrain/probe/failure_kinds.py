@@ -138,6 +138,9 @@ _PATTERNS: Final[tuple[tuple[FailureKind, tuple[Pattern, ...]], ...]] = (
     ("cublas", ("cublas_status", "cublas error")),
     ("cuda_other", ("cuda error", "cuda driver error", "cudaerror", "cuda kernel errors",
                     "cuda runtime error")),
+    # Not a GPU error, but a training failure whose cause the probe's records name (the last
+    # partial batch of a DataLoader): torch.nn.functional._verify_batch_size, on any device.
+    ("batch_norm_single", ("expected more than 1 value per channel when training",)),
 )
 _BY_KIND: Final[dict[FailureKind, tuple[Pattern, ...]]] = dict(_PATTERNS)
 
@@ -158,7 +161,8 @@ _MAX_CHAIN = 5
 
 
 def classify(exc_type: str, message: str) -> FailureKind:
-    """The kind of GPU failure an exception is ('not_gpu' when it is none)."""
+    """The kind of GPU failure an exception is ('not_gpu' when it is none; 'batch_norm_single'
+    is the one kind that is no GPU error, see _PATTERNS)."""
     text = f"{exc_type}: {message}".lower()
     if _is_rank_failure(exc_type):
         return "not_gpu"  # the distributed launcher's own diagnosis (GT308) has the rank detail
@@ -296,6 +300,17 @@ def parse_dtypes(message: str) -> list[str]:
         if name is not None and name not in found:
             found.append(name)
     return found
+
+
+_INPUT_SIZE = re.compile(r"got input size torch\.Size\(\[([\d, ]*)\]\)")
+
+
+def parse_input_size(message: str) -> list[int]:
+    """The input size a batch-norm error names ("got input size torch.Size([1, 64])")."""
+    match = _INPUT_SIZE.search(message)
+    if match is None:
+        return []
+    return [int(part) for part in match.group(1).split(",") if part.strip()]
 
 
 def nccl_error(message: str) -> str | None:

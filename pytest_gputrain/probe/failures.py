@@ -35,6 +35,7 @@ from pytest_gputrain.probe.failure_kinds import (
     nondeterministic_operation,
     parse_devices,
     parse_dtypes,
+    parse_input_size,
     type_name,
 )
 from pytest_gputrain.probe.memory_peaks import own_peaks
@@ -375,7 +376,7 @@ def _fill_mismatch(facts: FailureFacts, tb: TracebackType | None, probe: Any,
 def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, probe: Any,
                   torch: Any, state: dict[str, Any]) -> None:
     """What the message (and its causes') names for the kinds with their own rule (GT204,
-    GT210-GT219)."""
+    GT210-GT220)."""
     kind = facts.kind
     if kind == "driver_too_old":
         facts.driver_problem = driver_problem(message)
@@ -398,6 +399,9 @@ def _fill_details(facts: FailureFacts, message: str, tb: TracebackType | None, p
         devices = facts.module_param_devices + facts.module_input_devices
         facts.cuda_involved = "cuda" in message.lower() or any(
             device.startswith("cuda") for device in devices)
+    elif kind == "batch_norm_single":
+        facts.input_shape = parse_input_size(message)
+        _fill_mismatch(facts, tb, probe, torch)  # the batch-norm layer that refused the batch
     if kind in ("cuda_fork", "loader_worker"):
         facts.in_loader_worker = in_loader_worker(message)
     if kind in ("cudnn", "cublas", "cuda_other", "cudnn_no_algorithm", "library_init"):

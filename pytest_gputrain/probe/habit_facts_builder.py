@@ -1,5 +1,6 @@
 """``RunRecord`` -> the facts of training habits (pure): train/eval mode, ``empty_cache()``, the
-optimizer's implementation and host time, torch.compile, DistributedDataParallel.
+optimizer's implementation and host time, torch.compile, DistributedDataParallel, checkpoints
+written with ``torch.save``, the loss each backward started from, and mixed precision.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import statistics
 
 from pytest_gputrain.probe import compile_readings
 from pytest_gputrain.probe.facts import CompileFacts, DdpFacts, OptimizerFacts, RunFacts
+from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
 from pytest_gputrain.probe.run_record import RunRecord
 
 
@@ -130,4 +132,65 @@ def ddp_facts(record: RunRecord, steady: list[int]) -> DdpFacts:
                       ("avg_backward_compute_comm_overlap_time", "comm_overlap_time")):
         if logging.get(key):
             setattr(facts, name, round(logging[key] / 1e9, 6))  # nanoseconds
+    return facts
+
+
+def checkpoint_facts(record: RunRecord) -> CheckpointFacts:
+    """The torch.save calls, and their share of the steps after warm-up: in how many of those
+    steps one was called, and how much of those steps' wall time went into it."""
+    series = record.steps
+    facts = CheckpointFacts(saves=len(series.saves))
+    steps = len(series.times)
+    judged = range(record.warmup, steps)
+    if not judged:
+        facts.mark_unknown("steps_percent", f"{steps} step(s): none after warm-up")
+        return facts
+    timed = len(series.save_times) == len(series.saves)  # recorded before saves were timed
+    in_judged = [(step, series.save_times[i] if timed else None)
+                 for i, step in enumerate(series.saves) if record.warmup <= step < steps]
+    facts.save_steps = len({step for step, _ in in_judged})
+    facts.steps_percent = round(100.0 * facts.save_steps / len(judged), 2)
+    times = [seconds for _, seconds in in_judged if seconds is not None]
+    if not in_judged:
+        facts.time_percent = 0.0
+        return facts
+    if not times:
+        facts.mark_unknown("time_percent", "the saves were not timed")
+        return facts
+    facts.time_per_save = round(statistics.median(times), 6)
+    wall = sum(series.times[i] for i in judged)
+    if wall > 0:
+        facts.time_percent = round(min(100.0, 100.0 * sum(times) / wall), 2)
+    return facts
+
+
+def loss_facts(record: RunRecord) -> LossFacts:
+    """Where the loss lived, and what the finiteness checks read at the end found."""
+    readings = record.loss
+    facts = LossFacts(backwards=readings.backwards, cpu_backwards=readings.cpu)
+    if not readings.backwards:
+        for name in ("cpu_percent", "checks"):
+            facts.mark_unknown(name, "no backward started from a tensor")
+        return facts
+    facts.cpu_percent = round(100.0 * readings.cpu / readings.backwards, 2)
+    if not readings.finite:
+        facts.mark_unknown("checks", readings.unread or "no check was read")
+        return facts
+    facts.checks = len(readings.finite)
+    bad = [step for step, finite in readings.finite if not finite]
+    facts.nonfinite_checks = len(bad)
+    facts.first_nonfinite_step = bad[0] + 1 if bad else None
+    facts.last_finite = readings.finite[-1][1]
+    return facts
+
+
+def amp_facts(record: RunRecord) -> AmpFacts:
+    """fp16 autocast in training forwards, and the loss scaling that must come with it."""
+    forwards = record.forwards
+    facts = AmpFacts(fp16_forwards=forwards.autocast_fp16,
+                     scaler_scales=record.optimizer.scaler_scales)
+    if forwards.grad:
+        facts.fp16_percent = round(100.0 * forwards.autocast_fp16 / forwards.grad, 2)
+    else:
+        facts.mark_unknown("fp16_percent", "no grad-mode forward of a top-level module")
     return facts

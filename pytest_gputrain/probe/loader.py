@@ -39,6 +39,8 @@ class LoaderState:
     persistent_workers: bool | None
     prefetch_factor: int | None
     batch_size: int | None
+    drop_last: bool | None = None
+    samples: int | None = None  # samples the sampler yields per epoch (len of sampler/dataset)
     iterators: int = 0
     epochs: int = 0  # passes over the data: iterators, and each reset of a persistent one
     batches: int = 0
@@ -144,6 +146,7 @@ def read_settings(iterator: Any) -> dict[str, Any]:
     workers = getattr(iterator, "_num_workers", None)
     pin = getattr(iterator, "_pin_memory", None)
     persistent = getattr(iterator, "_persistent_workers", None)
+    drop_last = getattr(iterator, "_drop_last", None)
     return {
         "dataset": type(getattr(iterator, "_dataset", None)).__name__,
         "num_workers": workers if isinstance(workers, int) else None,
@@ -151,7 +154,24 @@ def read_settings(iterator: Any) -> dict[str, Any]:
         "persistent_workers": persistent if isinstance(persistent, bool) else None,
         "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
         "batch_size": batch_size if isinstance(batch_size, int) else None,
+        "drop_last": drop_last if isinstance(drop_last, bool) else None,
+        "samples": samples_per_epoch(iterator),
     }
+
+
+def samples_per_epoch(iterator: Any) -> int | None:
+    """Samples an iterator's sampler yields per epoch (the batch sampler's sampler, else the
+    dataset): the size of the last batch follows from it. None for an iterable dataset or a
+    sampler without a length. Read once per iterator."""
+    sampler = getattr(getattr(iterator, "_index_sampler", None), "sampler", None)
+    for source in (sampler, getattr(iterator, "_dataset", None)):
+        if source is None:
+            continue
+        try:
+            return len(source)
+        except Exception:  # no __len__ (IterableDataset), or a length the user's code refuses
+            continue
+    return None
 
 
 def first_tensor(value: Any, depth: int = 0) -> Any:

@@ -13,9 +13,9 @@ optimizers the probe meets.
 
 Classes are recognised by name where importing them would pull in torch.distributed.
 
-Per top-level forward (hot path): grad mode, autocast and the device of the first input; per
-model forward a look at its output's autograd node (below); nothing for a module without mode
-layers that is not DDP, else a few attribute reads.
+Per top-level forward (hot path): grad mode, autocast (and its dtype, under autocast) and the
+device of the first input; per model forward a look at its output's autograd node (below);
+nothing for a module without mode layers that is not DDP, else a few attribute reads.
 
 Forwards without a backward: a grad-mode forward of a model (a top-level module with parameters)
 is *watched* by a hook on its output's autograd node, which a backward through its graph calls.
@@ -34,11 +34,11 @@ never into the next forward or batch.) A model whose first forwards were not all
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe import oom_observer
+from pytest_gputrain.probe.cuda_readings import autocast_check, autocast_dtype
 from pytest_gputrain.probe.layer_scan import scan_layers
 from pytest_gputrain.probe.loader import first_tensor, token_count
 from pytest_gputrain.probe.run_record import (
@@ -158,15 +158,6 @@ def optimizer_setup(optimizer: Any) -> tuple[bool | None, bool | None, int]:
     tensors = sum(len(group.get("params", ())) for group in optimizer.param_groups)
     return (bool(foreach) if foreach is not None else None,
             bool(fused) if fused is not None else None, tensors)
-
-
-def autocast_check(torch: Any) -> Callable[[], bool]:
-    """A call that tells whether CUDA autocast is on (torch < 2.4 takes no device)."""
-    try:
-        torch.is_autocast_enabled("cuda")
-    except TypeError:
-        return torch.is_autocast_enabled  # type: ignore[no-any-return]
-    return functools.partial(torch.is_autocast_enabled, "cuda")
 
 
 def is_evaluation(checks: ModuleChecks, state: ModuleState) -> bool:
@@ -335,6 +326,8 @@ class ModuleWatch:
         self._grad_enabled = torch.is_grad_enabled
         self._inference_mode = torch.is_inference_mode_enabled
         self._autocast = autocast_check(torch)
+        self._autocast_dtype = autocast_dtype(torch)
+        self._float16 = torch.float16
         self._anomaly_enabled = torch.is_anomaly_enabled
         self._tensor_type = torch.Tensor
 
@@ -449,6 +442,8 @@ class ModuleWatch:
         if self._autocast():
             state.autocast_calls += 1
             forwards.autocast += 1
+            if grad and self._autocast_dtype() is self._float16:
+                forwards.autocast_fp16 += 1  # fp16 needs loss scaling (GT141); bf16 does not
         if getattr(module, "training", False):
             state.training_calls += 1
         checks = state.checks

@@ -9,7 +9,10 @@ module and each writing its groups of the ``RunRecord``:
 - ``nvml_timeline.NvmlTimelineReader``: the NVML samples, taken on a thread;
 - ``compile_readings.CompileWatch``: dynamo's counters, resets and compilations;
 - ``cuda_readings.CallReadings``: the test's calls that the probe wraps (empty_cache,
-  reset_peak_memory_stats, gradcheck, torch.save) and the allocator's out-of-memory moments.
+  reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale) and the allocator's
+  out-of-memory moments;
+- ``loss_readings.LossWatch``: the loss each backward starts from (its device, and finiteness
+  checks queued on the GPU and read once when the test ends).
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -49,6 +52,7 @@ from pytest_gputrain.probe.cuda_readings import (
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
+from pytest_gputrain.probe.loss_readings import LossWatch
 from pytest_gputrain.probe.module_readings import (
     ModuleWatch,
     optimizer_setup,
@@ -91,17 +95,18 @@ class RunProbe:
         self.nvml = NvmlTimelineReader(self.record)
         self.compile = CompileWatch(self, self.install)
         self.calls = CallReadings(torch, self)
+        self.loss = LossWatch(torch, self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
         self.on_backward_end = self.modules.on_backward_end
+        self.on_loss = self.loss.on_loss
         self.on_dynamo_reset = self.compile.on_dynamo_reset
         self.on_compile_start = self.compile.on_compile_start
         self.on_empty_cache_start = self.calls.on_empty_cache_start
         self.on_empty_cache_end = self.calls.on_empty_cache_end
-        self.on_reset_peak = self.calls.on_reset_peak
-        self.on_gradcheck = self.calls.on_gradcheck
-        self.on_save = self.calls.on_save
+        self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
+        self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
@@ -182,6 +187,7 @@ class RunProbe:
         self.modules.count_graph_outputs()
         self.compile.read_end()
         self.calls.read_end(cuda_ok)
+        self.loss.read_end(cuda_ok)
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index

@@ -11,8 +11,8 @@ Here: the steps, forwards and modules, the settings in force, the DataLoader, th
 NVML timeline's statistics. The series for pictures are built in ``timeline_facts_builder.py``,
 the allocator's facts are built in ``memory_facts_builder.py``, the profiler
 window's (and the syncs and stalls judged against it) in ``window_facts_builder.py``, the
-training habits' (train/eval mode, empty_cache, optimizer, compile, DDP) in
-``habit_facts_builder.py``.
+training habits' (train/eval mode, empty_cache, optimizer, compile, DDP, checkpoints, the
+loss, mixed precision) in ``habit_facts_builder.py``.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ from pytest_gputrain.probe.facts import (
     RunFacts,
 )
 from pytest_gputrain.probe.habit_facts_builder import (
+    amp_facts,
+    checkpoint_facts,
     compile_facts,
     ddp_facts,
+    loss_facts,
     mode_and_cache_facts,
     optimizer_facts,
 )
@@ -137,6 +140,9 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.compile = compile_facts(record)
     run.optimizer = optimizer_facts(record, steady, run.step_time)
     run.ddp = ddp_facts(record, steady)
+    run.checkpoint = checkpoint_facts(record)
+    run.loss = loss_facts(record)
+    run.amp = amp_facts(record)
     run.probe_errors = list(record.errors)
     return run
 
@@ -264,7 +270,8 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
     facts.loaders = [LoaderRecord(
         dataset=loader.dataset, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
         persistent_workers=loader.persistent_workers, prefetch_factor=loader.prefetch_factor,
-        batch_size=loader.batch_size, iterators=loader.iterators, batches=loader.batches,
+        batch_size=loader.batch_size, drop_last=loader.drop_last, samples=loader.samples,
+        iterators=loader.iterators, batches=loader.batches,
         wait=round(loader.wait, 6), first_batch_wait=round(loader.first_batch_wait, 6),
         batch_pinned=loader.batch_pinned, batch_device=loader.batch_device)
         for loader in loaders]
@@ -276,6 +283,9 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         facts.persistent_workers = main.persistent_workers
         facts.prefetch_factor = main.prefetch_factor
         facts.batch_size = main.batch_size
+        facts.drop_last = main.drop_last
+        facts.samples = main.samples
+        _last_batch(facts)
         facts.batch_pinned = main.batch_pinned
         facts.batch_small_tensors = main.batch_small_tensors
         facts.epochs = main.epochs
@@ -297,6 +307,17 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
     elif facts.batches and record.duration:
         facts.wait_percent = round(100.0 * facts.wait_total / record.duration, 2)
     return facts
+
+
+def _last_batch(facts: LoaderFacts) -> None:
+    """The size of an epoch's last batch: what is left of the samples after the full batches
+    (a batch norm fails on a last batch of one sample in training mode, GT220)."""
+    if facts.drop_last:
+        facts.mark_unknown("last_batch_size", "drop_last=True: a partial last batch is dropped")
+    elif facts.samples is None or not facts.batch_size:
+        facts.mark_unknown("last_batch_size", "the sampler or the batch size has no length")
+    else:
+        facts.last_batch_size = facts.samples % facts.batch_size or facts.batch_size
 
 
 def _layer_facts(forwards: Forwards) -> LayerFacts:

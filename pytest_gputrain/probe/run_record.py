@@ -49,6 +49,7 @@ class StepSeries:
     # ran validation (GT118 does not call such a long step a stall).
     forwards: list[int] = field(default_factory=list)
     saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
+    save_times: list[float] = field(default_factory=list)  # seconds inside each of those saves
     in_window: bool = False  # the profiler window is open: the next step ends inside it
     after_window: bool = False  # the next step is the first after the profiler window
     # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being
@@ -205,6 +206,7 @@ class Forwards:
     grad: int = 0
     no_grad: int = 0
     autocast: int = 0
+    autocast_fp16: int = 0  # grad-mode forwards under CUDA autocast to float16
     backwards: int = 0
     # One cell per watched grad-mode forward of a model: True once a backward went through it.
     graph_outputs: list[list[bool]] = field(default_factory=list)
@@ -311,6 +313,7 @@ class OptimizerReadings:
     host_times: list[float] = field(default_factory=list)
     zero_grad_calls: int = 0
     zero_grad_to_zeros: int = 0
+    scaler_scales: int = 0  # GradScaler.scale calls with the scaler enabled (loss scaling)
 
 
 @dataclass(slots=True)
@@ -353,6 +356,24 @@ class DdpReadings:
 
 
 @dataclass(slots=True)
+class LossReadings:
+    """The tensors backward started from (the loss): where they lived, and whether they were
+    finite at the checked backwards (``loss_readings.py``)."""
+
+    backwards: int = 0  # torch.autograd.backward calls with a tensor to start from
+    cpu: int = 0  # of those, started from a tensor on the CPU
+    check_every: int = 8  # check every n-th backward; doubles as the checks fill up
+    # The checks: a bool tensor on the first checked loss's device, allocated once, whose slot
+    # i the GPU fills with "finite" for the i-th check; read at the end. Its steps, by slot:
+    flags: Any = None
+    checked_steps: list[int] = field(default_factory=list)
+    last: Any = None  # the last loss (checked at the end; dropped then)
+    last_step: int = 0  # index of the step the last loss belonged to
+    finite: list[tuple[int, bool]] = field(default_factory=list)  # the checks, read at the end
+    unread: str | None = None  # why the checks could not be read at the end
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -375,6 +396,7 @@ class RunRecord:
     cache: CacheCalls = field(default_factory=CacheCalls)
     compile: CompileReadings = field(default_factory=CompileReadings)
     ddp: DdpReadings = field(default_factory=DdpReadings)
+    loss: LossReadings = field(default_factory=LossReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

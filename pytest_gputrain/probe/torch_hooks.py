@@ -9,7 +9,10 @@ What is installed (and only while a diagnosed test's call phase runs):
   PyTorch's hook-free fast path; a forward hook on that top-level module (with its keyword
   arguments, called also when the forward raises) re-arms it. A leaf module without parameters
   (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
-- wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting);
+- wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting); the
+  former also hands the tensor the backward starts from (the loss) to the probe
+  (``loss_readings.py``: its device, and at every few backwards a finiteness check queued on
+  the GPU, never a sync);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
   ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
@@ -24,8 +27,10 @@ What is installed (and only while a diagnosed test's call phase runs):
   each call (so calls through a name bound before the test are seen too);
 - a dynamo compile-start callback (``torch._dynamo.callback``), where dynamo is imported: the
   step in which each compilation began;
-- a wrapper of ``torch.save`` that notes the step each checkpoint falls in (a long step that
-  saved one is no stall);
+- a wrapper of ``torch.save`` that notes the step each checkpoint falls in and the time it took
+  (a long step that saved one is no stall; a checkpoint every step costs its share, GT140);
+- a wrapper of ``torch.amp.GradScaler.scale`` that counts loss scaling (fp16 autocast without
+  it underflows gradients, GT141);
 - for ``torch.compile``d modules, a wrapper of ``OptimizedModule.__call__`` that records the call
   and disarms the global hook *before* dynamo looks for global hooks (it warns whenever one is
   installed, which would reach the user's warnings summary, or fail a ``-W error`` run); it is
@@ -193,9 +198,15 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
     return wrapper
 
 
-def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
+def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
+                  loss: bool = False) -> Callable[..., Any]:
+    """Tell the probe of each backward; with ``loss``, also of the tensors it starts from
+    (``torch.autograd.backward(tensors, ...)``; not ``grad``, whose outputs may be anything),
+    after ``on_backward_start``: the loss is read only for a backward that one counted."""
     def backward(*args: Any, **kwargs: Any) -> Any:
         probe.on_backward_start()
+        if loss:
+            probe.on_loss(args[0] if args else kwargs.get("tensors"))
         try:
             return original(*args, **kwargs)
         finally:
@@ -227,6 +238,38 @@ def wrap_before(original: Callable[..., Any], before: Callable[..., None],
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     wrapper._gputrain_probe = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
+    """Time each ``torch.save`` call and tell the probe which step it fell in."""
+    clock = time.perf_counter
+
+    def save(*args: Any, **kwargs: Any) -> Any:
+        started = clock()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if not probe.disabled:
+                try:
+                    probe.on_save(clock() - started)
+                except Exception as exc:
+                    probe.fail("torch.save wrapper", exc)
+
+    save.__name__ = getattr(original, "__name__", "save")
+    save.__qualname__ = getattr(original, "__qualname__", "save")
+    save.__doc__ = getattr(original, "__doc__", None)
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    save._gputrain_probe = True  # type: ignore[attr-defined]
+    return save
+
+
+def grad_scaler_class(torch: Any) -> Any:
+    """``torch.amp.GradScaler`` (torch >= 2.3; ``torch.cuda.amp.GradScaler`` subclasses it),
+    else the older ``torch.cuda.amp.GradScaler``; None where neither exists."""
+    scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler is None:
+        scaler = getattr(getattr(getattr(torch, "cuda", None), "amp", None), "GradScaler", None)
+    return scaler if isinstance(scaler, type) else None
 
 
 def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
@@ -367,7 +410,8 @@ class Installation:
         self.armed = True
         self.handles.append(handle)
         autograd = torch.autograd
-        self.patches.set(autograd, "backward", wrap_backward(autograd.backward, self.probe))
+        self.patches.set(autograd, "backward",
+                         wrap_backward(autograd.backward, self.probe, loss=True))
         self.patches.set(autograd, "grad", wrap_backward(autograd.grad, self.probe))
         for name in SYNC_METHODS:
             original = getattr(torch.Tensor, name, None)
@@ -379,9 +423,7 @@ class Installation:
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
         if callable(getattr(torch, "save", None)):
-            on_save = self.probe.on_save
-            self.patches.set(torch, "save",
-                             wrap_before(torch.save, lambda *_, **__: on_save(), self.probe))
+            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
         self.install_habit_hooks()
@@ -409,8 +451,8 @@ class Installation:
                                              probe))
 
     def install_habit_hooks(self) -> None:
-        """Optimizer step timing, zero_grad and empty_cache (the optimizer and allocator
-        habits the run rules judge)."""
+        """Optimizer step timing, zero_grad, empty_cache and GradScaler.scale (the optimizer,
+        allocator and mixed-precision habits the run rules judge)."""
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         torch = self.torch
@@ -424,6 +466,11 @@ class Installation:
         empty_cache = getattr(torch._C, "_cuda_emptyCache", None)
         if empty_cache is not None:  # CUDA builds only
             self.patches.set(torch._C, "_cuda_emptyCache", wrap_empty_cache(empty_cache, probe))
+        scaler = grad_scaler_class(torch)
+        scale = vars(scaler).get("scale") if scaler is not None else None
+        if callable(scale):
+            self.patches.set(scaler, "scale", wrap_before(
+                scale, lambda self, *_, **__: probe.on_scale(self), probe))
 
     def patch_compiled_modules(self) -> None:
         """Wrap OptimizedModule.__call__ and register the compile-start callback once dynamo is
@@ -504,6 +551,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                (torch.cuda.memory, "reset_peak_memory_stats")]
     owners += [(torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),
                (torch._C, "_cuda_emptyCache")]
+    scaler = grad_scaler_class(torch)
+    if scaler is not None:
+        owners.append((scaler, "scale"))
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))

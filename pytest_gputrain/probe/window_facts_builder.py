@@ -44,6 +44,10 @@ def sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
             facts.mark_unknown("profiled_readbacks_per_step", (
                 "a step in the profiler window fed a convolution a new input shape with cuDNN "
                 "benchmark mode on: cuDNN's algorithm search reads its timings back (GT120)"))
+        elif _saved_in_window(record):
+            facts.mark_unknown("profiled_readbacks_per_step", (
+                "a step in the profiler window called torch.save: it copies each CUDA tensor "
+                "of the checkpoint to the host, one read-back each (GT140)"))
         else:
             facts.profiled_readbacks_per_step = readbacks
     return facts
@@ -165,8 +169,9 @@ def stall_facts(record: RunRecord) -> StallFacts:
     """Steps far longer than the median step, split into those the loop explains (a later
     epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
     input shape under cuDNN autotuning or torch.compile, a read-back that waited for the GPU
-    work queued since the last one) and stalls (GT118). Judged over the steps after warm-up
-    outside the profiler window."""
+    work queued since the last one, any other call that waited for queued work the GPU's lag
+    accounts for) and stalls (GT118). Judged over the steps after warm-up outside the profiler
+    window."""
     series = record.steps
     facts = StallFacts()
     judged = [i for i in range(record.warmup, len(series.times))
@@ -203,14 +208,17 @@ def stall_facts(record: RunRecord) -> StallFacts:
         else:
             stalls.append(i)
     excess = sum(series.times[i] - median for i in stalls)
-    # Where the sync wrappers are gone (torch.compile took them out) the read-backs are not
-    # timed. The GPU's own time per step says the same: when it exceeds the host's step, the
-    # host runs ahead and must wait for the GPU somewhere; long steps whose extra time that lag
-    # accounts for are those waits.
-    untimed = waited is None or record.syncs.stopped_at is not None
+    # The wrappers time only the read-backs they count. A host waits for queued GPU work in
+    # other calls too: torch.cuda.synchronize() (throughput logging), .to("cpu"), a blocking
+    # copy, a kernel launch into a full queue, or any read-back once torch.compile took the
+    # wrappers out. The GPU's own time per step tells those waits whatever the call: when it
+    # exceeds the host's median step, the host runs ahead and must wait for the GPU somewhere,
+    # and long steps whose extra time the lag accounts for (less the waits already timed) are
+    # those waits.
     gpu_step = record.window_facts.get("kernel_time_per_step")
-    if stalls and untimed and isinstance(gpu_step, float | int) and gpu_step > median:
-        lag = (gpu_step - median) * len(judged)
+    if stalls and isinstance(gpu_step, float | int) and gpu_step > median:
+        timed = sum(waited[i] for i in judged) if waited is not None else 0.0
+        lag = (gpu_step - median) * len(judged) - timed
         if excess <= QUEUED_WORK_TOLERANCE * lag:
             explained += len(stalls)
             stalls, excess = [], 0.0
@@ -234,6 +242,13 @@ def _autotuned_in_window(record: RunRecord) -> bool:
     window = {i for i, flag in enumerate(record.steps.flags) if flag is StepFlag.IN_WINDOW}
     return any(step in window for state in record.forwards.modules.values()
                if state.conv_layers for step in state.new_shape_steps)
+
+
+def _saved_in_window(record: RunRecord) -> bool:
+    """A step inside the profiler window called torch.save."""
+    flags = record.steps.flags
+    return any(step < len(flags) and flags[step] is StepFlag.IN_WINDOW
+               for step in record.steps.saves)
 
 
 def _shape_sensitive(record: RunRecord) -> bool:
