@@ -24,7 +24,8 @@ from pytest_gputrain.regression.compare import (
     compare_sides,
     store_history,
 )
-from pytest_gputrain.regression.history import HistoryError, add_store_argument, locate
+from pytest_gputrain.regression.history import add_store_argument, locate
+from pytest_gputrain.regression.history_errors import HistoryError
 from pytest_gputrain.regression.settings import (
     DEFAULT_ALPHA,
     DEFAULT_REGRESSION,
