@@ -23,6 +23,7 @@ from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMM
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:
+    from pytest_gputrain.regression.drift import Drift
     from pytest_gputrain.regression.store import Store
 
 Verdict = Literal["regression", "improvement", "ok", "cannot_tell", "insufficient_data",
@@ -129,6 +130,7 @@ class GateReport:
     current_runs: list[RunInfo] = field(default_factory=list)  # empty: this pytest session
     current_spec: str | None = None
     comparisons: list[MetricComparison] = field(default_factory=list)
+    drifts: list[Drift] = field(default_factory=list)  # against the look-back window's level
     saved_run: RunInfo | None = None
     save_name: str | None = None
     commit: str | None = None

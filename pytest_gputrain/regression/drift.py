@@ -31,11 +31,10 @@ from pytest_gputrain.regression.branch_history import (
     build_series,
     find_changes,
 )
-from pytest_gputrain.regression.compare import GateSettings, session_value
+from pytest_gputrain.regression.change_points import ChangePointsUnavailable
+from pytest_gputrain.regression.compare import GateReport, GateSettings, session_value
+from pytest_gputrain.regression.settings import MIN_LOOKBACK
 from pytest_gputrain.regression.store import ResultRecord, Store
-
-# A window needs room for a step with its sessions on either side.
-MIN_LOOKBACK = 2 * change_points.MIN_SIZE
 
 
 @dataclass(frozen=True)
@@ -123,3 +122,20 @@ def find_drifts(store: Store, name: str, current: dict[str, list[ResultRecord]],
             if drift is not None:
                 found.append(drift)
     return found
+
+
+def add_drifts(store: Store, report: GateReport, current: dict[str, list[ResultRecord]],
+               lookback: int) -> None:
+    """The gate's comparison done, look for drift over the baseline branch's newest
+    ``lookback`` sessions (the current runs left out) and add it to ``report.drifts``; without
+    ruptures, a note naming the extra."""
+    if not report.baseline_runs:
+        return
+    try:
+        report.drifts = find_drifts(
+            store, report.baseline_runs[0].name, current, report.settings, lookback,
+            exclude=[run.id for run in report.current_runs],
+            skip=[(c.nodeid, c.metric) for c in report.comparisons
+                  if c.verdict == "regression"])
+    except ChangePointsUnavailable as exc:
+        report.notes.append(f"gpu_lookback: no drift looked for: {exc}")
