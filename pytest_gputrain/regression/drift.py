@@ -60,8 +60,8 @@ class Drift:
             for c in self.changes)
         made = (f"made of {steps}" if steps else
                 f"gradual, no single step (runs #{first.id} to #{self.window[-1].run.id})")
-        return (f"{self.change * 100:+.2f} % against {self.name!r}'s level at the start of its "
-                f"last {len(self.window)} sessions (run #{first.id}, {first.created_at}; "
+        return (f"{self.change * 100:+.2f} % against the level of {self.name!r} at the start "
+                f"of its last {len(self.window)} sessions (run #{first.id}, {first.created_at}; "
                 f"p = {self.p_value:.2g}), {made}")
 
     def to_json(self) -> dict[str, object]:
