@@ -132,10 +132,10 @@ def add_drifts(store: Store, report: GateReport, current: dict[str, list[ResultR
     if not report.baseline_runs:
         return
     try:
-        report.drifts = find_drifts(
+        report.drifts.extend(find_drifts(
             store, report.baseline_runs[0].name, current, report.settings, lookback,
             exclude=[run.id for run in report.current_runs],
             skip=[(c.nodeid, c.metric) for c in report.comparisons
-                  if c.verdict == "regression"])
+                  if c.verdict == "regression"]))
     except ChangePointsUnavailable as exc:
         report.notes.append(f"gpu_lookback: no drift looked for: {exc}")
