@@ -12,7 +12,9 @@ makes it (``compare.session_value``). Finding the steps takes two parts:
 - **Whether**: each proposed step is decided the way the gate decides a pull request: the
   sessions just before it and just after it (at most ``WINDOW`` each, within their segments)
   go through ``stats.compare_sessions`` (geometric means, stray sessions left out, a t-test
-  over sessions on the logs). A step is kept when ``p < alpha``, its size is at least
+  over sessions on the logs). A step is kept when ``p`` is below ``alpha`` over the number of
+  places the search could have put it (Bonferroni: the search picked the place where the
+  sessions differ most, so one place's p alone would flatter it), its size is at least
   ``min_change``, and the level holds: each of the first ``MIN_SIZE`` sessions after it lies
   past the midpoint between the two levels (two sessions at the host's pace and then the old
   level again are no step). The weakest step that fails is dropped and the others decided
@@ -41,7 +43,10 @@ MIN_SIZE = 3
 # Sessions on each side of a step that decide it: enough for the t-test, near enough to the
 # step that a later drift does not blur it.
 WINDOW = 10
-DEFAULT_ALPHA = 0.001
+# The chance of a false step in a whole series of unchanged sessions: each place is decided at
+# ``alpha`` over the number of places a step could be put (Bonferroni), as the search picked the
+# place where the sessions differ most.
+DEFAULT_ALPHA = 0.01
 DEFAULT_MIN_CHANGE = 0.005
 # PELT's penalty per step, in units of the noise, times log(n) (BIC-like): low enough to
 # propose every step the decision could keep (the decision, not the penalty, controls false
@@ -129,12 +134,13 @@ def find_steps(values: Sequence[float], *, alpha: float = DEFAULT_ALPHA,
     kept = [i for i in range(len(values)) if i not in left_out]
     steady = [values[i] for i in kept]
     places = sorted(set(propose(steady)))
+    each = alpha / max(1, len(steady) - 2 * MIN_SIZE + 1)
     while True:
         edges = [0, *places, len(steady)]
         found: list[Step] = []
         weakest: tuple[float, int] | None = None
         for i, place in enumerate(places):
-            step = decide(steady, edges[i], place, edges[i + 2], alpha=alpha,
+            step = decide(steady, edges[i], place, edges[i + 2], alpha=each,
                           min_change=min_change)
             if isinstance(step, Step):
                 found.append(replace(step, index=kept[step.index]))
@@ -171,6 +177,8 @@ def decide(values: Sequence[float], start: int, place: int, end: int, *, alpha: 
     when it does not hold, a score of how far it is from holding (larger: weaker)."""
     before = list(values[max(start, place - WINDOW):place])
     after = list(values[place:min(end, place + WINDOW)])
+    if min(len(before), len(after)) < MIN_SIZE:
+        return 2.0
     decision = stats.compare_sessions(before, after, threshold=min_change, alpha=alpha)
     if decision.p_value is None or decision.change is None:
         return 2.0
