@@ -56,7 +56,8 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "static site.")
     add_store_argument(parser)
     parser.add_argument("--name", help="only runs saved under this name (a branch)")
-    parser.add_argument("--limit", type=int, default=None, help=f"at most N runs (default "
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help=f"at most N runs (default "
                         f"{LIST_LIMIT}; with --changes or --html each test's newest N results, "
                         f"default {DEFAULT_LIMIT}; at most {MAX_LIMIT})")
     parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
