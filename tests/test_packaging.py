@@ -72,7 +72,8 @@ def test_tox_environments_that_run_pytest_install_torch_and_tox_has_an_extra() -
     assert any(dep.startswith("tox") for deps in extras.values() for dep in deps)
 
 
-def test_the_wheel_ships_the_rules_and_the_html_report_s_files(tmp_path: Path) -> None:
+def test_the_wheel_ships_the_rules_the_html_report_s_and_the_history_site_s_files(
+        tmp_path: Path) -> None:
     builders = pytest.importorskip("hatchling.builders.wheel",
                                    reason="hatchling (the build backend) is not installed")
     wheel, = builders.WheelBuilder(str(ROOT)).build(directory=str(tmp_path),
@@ -83,4 +84,7 @@ def test_the_wheel_ships_the_rules_and_the_html_report_s_files(tmp_path: Path) -
     assert {report + "templates/report.html.j2", report + "static/uPlot.iife.min.js",
             report + "static/uPlot.min.css", report + "static/uPlot.LICENSE",
             report + "static/report.js", report + "static/report.css"} <= names
+    history = "pytest_gputrain/regression/"
+    assert {history + "templates/history_head.html.j2", history + "templates/history_index.html.j2",
+            history + "templates/history_test.html.j2", history + "static/history.js"} <= names
     assert "pytest_gputrain/rules/GT001-no-nvidia-driver.toml" in names

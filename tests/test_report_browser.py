@@ -247,3 +247,53 @@ def test_a_500_test_report_opens_quickly(browser: Any, tmp_path: Path) -> None:
         page.screenshot("many_tests", full_page=False)
     finally:
         page.close()
+
+
+def test_a_history_site_opens_offline_with_its_steps_marked(browser: Any, tmp_path: Path
+                                                            ) -> None:
+    """``history --html``: the index links each test's page; the page draws each series with
+    its steps marked, loads with no console error and requests nothing but itself."""
+    import random
+
+    from pytest_gputrain.cli import main as cli_main
+    from pytest_gputrain.regression import fingerprint
+    from pytest_gputrain.regression.store import ResultRecord
+    from pytest_gputrain.regression.store_backends import open_store
+
+    store, site = tmp_path / "benchmarks.sqlite", tmp_path / "site"
+    rng = random.Random(1)
+    print_ = fingerprint.collect("cpu")
+    with open_store(store) as opened:
+        for i in range(30):
+            value = 0.010 * (1.03 if i >= 12 else 1) * (1.05 if i >= 22 else 1)
+            value *= 1 + rng.gauss(0, 0.002)
+            rounds = [value * (1 + k / 1000) for k in range(20)]
+            opened.save_run("main", print_, fingerprint.fingerprint_hash(print_), f"{i:040x}",
+                            [ResultRecord("tests/perf.py::test_step", print_,
+                                          fingerprint.fingerprint_hash(print_), 20,
+                                          {"step_time": rounds, "peak_vram": [2**30]}, {})])
+    assert cli_main(["history", "--store", str(store), "--html", str(site)]) == 0
+    index = browser.new_page()
+    try:
+        requests: list[str] = []
+        errors: list[str] = []
+        index.on("request", lambda request: requests.append(request.url))
+        index.on("console", lambda m: errors.append(m.text)
+                 if m.type in ("error", "warning") else None)
+        index.on("pageerror", lambda error: errors.append(str(error)))
+        index.goto((site / "index.html").as_uri())
+        assert index.locator("tr.series-row").count() == 2  # step time and peak VRAM
+        assert index.locator("tr.series-row svg.sparkline line").count() == 2  # two steps
+        index.click("text=tests/perf.py::test_step >> nth=0")
+        index.wait_for_function("window.gputrain && window.gputrain.ready")
+        drawn = index.eval_on_selector_all("figure.history-chart", """charts => charts.map(c =>
+            [+c.dataset.points, +c.dataset.changes, !!c.querySelector('canvas')])""")
+        assert drawn == [[30, 2, True], [30, 0, True]]
+        assert index.locator("table.changes tr").count() == 3  # the header and two steps
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        index.screenshot(path=str(SCREENSHOTS / "history_test_page.png"), full_page=True)
+        assert [url.split("/")[-1].split("#")[0] for url in requests] == [
+            "index.html", index.url.split("/")[-1].split("#")[0]]
+        assert errors == []
+    finally:
+        index.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
@@ -118,6 +118,20 @@ class MetricComparison:
         }
 
 
+class ReportedDrift(Protocol):
+    """What the outputs read of a drift (``drift.Drift``, which imports this module)."""
+
+    @property
+    def nodeid(self) -> str: ...
+
+    @property
+    def metric(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def to_json(self) -> dict[str, object]: ...
+
+
 @dataclass
 class GateReport:
     """Everything the outputs show about one comparison (and this session's benchmarks)."""
@@ -129,6 +143,7 @@ class GateReport:
     current_runs: list[RunInfo] = field(default_factory=list)  # empty: this pytest session
     current_spec: str | None = None
     comparisons: list[MetricComparison] = field(default_factory=list)
+    drifts: list[ReportedDrift] = field(default_factory=list)  # against a look-back window
     saved_run: RunInfo | None = None
     save_name: str | None = None
     commit: str | None = None

@@ -2,13 +2,15 @@
 
     python -m pytest_gputrain compare main pr-123 [--store PATH|URL] [--format text|md|json]
         [--regression "step_time:2.5%,peak_vram:2%"] [--alpha 0.01] [--step-summary min]
-        [--force]
+        [--lookback N] [--force]
 
 Each side is every session saved under its name at the newest commit of that name, in one
 environment (``NAME``), or one run (``#ID``); ``latest`` is the newest run's sessions. This is
 how CI compares after running interleaved sessions of the base and the candidate (the recipe in
-docs/regression.md). Exit status: 0 when the gate passes, 1 on a regression, 2 when the store or
-the arguments cannot be used.
+docs/regression.md). ``--lookback N`` also compares CURRENT with the level of BASELINE's branch
+over its newest N sessions and reports a drift no single comparison shows (``drift``). Exit
+status: 0 when the gate passes, 1 on a regression, 2 when the store or the arguments cannot be
+used.
 """
 
 from __future__ import annotations
@@ -18,17 +20,21 @@ import json
 import sys
 from typing import Any
 
+from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.compare import (
     GateReport,
     GateSettings,
     compare_sides,
     store_history,
 )
-from pytest_gputrain.regression.history import HistoryError, add_store_argument, locate
+from pytest_gputrain.regression.history import add_store_argument, locate
+from pytest_gputrain.regression.history_errors import HistoryError
 from pytest_gputrain.regression.settings import (
     DEFAULT_ALPHA,
     DEFAULT_REGRESSION,
     DEFAULT_STEP_SUMMARY,
+    MAX_LOOKBACK,
+    MIN_LOOKBACK,
     REGRESSION_EXAMPLE,
     STEP_SUMMARIES,
     parse_alpha,
@@ -59,6 +65,10 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--step-summary", default=DEFAULT_STEP_SUMMARY, choices=STEP_SUMMARIES,
                         help="one session's step time: min (its fastest clean round, the "
                              "default) or median")
+    parser.add_argument("--lookback", metavar="N", type=int,
+                        help="also compare CURRENT with BASELINE's branch level over its newest "
+                             "N sessions and report a drift no single comparison shows (needs "
+                             f"ruptures; N from {MIN_LOOKBACK} to {MAX_LOOKBACK})")
     parser.add_argument("--force", action="store_true",
                         help="compare even when the environment fingerprints differ")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text",
@@ -109,6 +119,14 @@ def _settings(args: argparse.Namespace) -> GateSettings:
 
 def _compare(args: argparse.Namespace) -> GateReport:
     settings = _settings(args)
+    if args.lookback is not None and not MIN_LOOKBACK <= args.lookback <= MAX_LOOKBACK:
+        raise CompareError(f"--lookback {args.lookback} must lie between {MIN_LOOKBACK} and "
+                           f"{MAX_LOOKBACK} sessions; e.g. --lookback 30")
+    if args.lookback:
+        try:
+            change_points.check_available()
+        except change_points.ChangePointsUnavailable as exc:
+            raise CompareError(f"--lookback: {exc}") from None
     with open_store(locate(args.store), create=False) as store:
         report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current)
         report.current_runs = _select(store, args.current, None)
@@ -124,6 +142,10 @@ def _compare(args: argparse.Namespace) -> GateReport:
         history = store_history(store, {r.id for r in report.baseline_runs}
                                 | {r.id for r in report.current_runs})
         report.comparisons = compare_sides(baseline, current, settings, history)
+        if args.lookback:
+            from pytest_gputrain.regression.drift import add_drifts
+
+            add_drifts(store, report, current, args.lookback)
         missing = sorted(set(baseline) - set(current))
         if missing:
             report.notes.append(f"{len(missing)} test(s) of the baseline have no result in "

@@ -118,6 +118,11 @@ def _use_store(config: pytest.Config, settings: RegressionSettings, report: Gate
         with open_store(settings.store, create=True) as store:
             if settings.compare:
                 _compare(store, settings.compare, report, results)
+                if settings.lookback:
+                    from pytest_gputrain.regression.drift import add_drifts
+
+                    add_drifts(store, report, {r.nodeid: [as_record(r)] for r in results},
+                               settings.lookback)
             if settings.save:
                 if not results:
                     report.notes.append(f"gpu_save={settings.save!r}: no gpu_benchmark result "

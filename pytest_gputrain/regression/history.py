@@ -1,7 +1,10 @@
-"""``python -m pytest_gputrain history``: the saved runs, one test across runs, and a PNG of it.
+"""``python -m pytest_gputrain history``: the saved runs, one test across runs, and a PNG of it;
+the steps in each test's history on a branch, and a static site of it all.
 
     python -m pytest_gputrain history [--store PATH|URL] [--name NAME] [--limit N]
     python -m pytest_gputrain history --test NODEID [--png out.png]
+    python -m pytest_gputrain history --changes [--test NODEID] [--name main] [--metric step_time]
+    python -m pytest_gputrain history --html DIR [--name main]
 
 The store is the one ``pytest --gpu-save`` run in the current directory writes to: the
 project's ini file is found as pytest finds it (pytest.ini, pyproject.toml, tox.ini, setup.cfg,
@@ -20,6 +23,11 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.regression import change_points
+from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
+from pytest_gputrain.regression.change_points import ChangePointsUnavailable
+from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
+from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, METRICS, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import (
@@ -34,25 +42,45 @@ PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'
 
 
 MAX_LIMIT = 1_000_000  # runs listed at most; a larger --limit is a typo (SQLite cannot hold it)
-
-
-class HistoryError(Exception):
-    pass
+LIST_LIMIT = 50  # runs (or one test's results) listed by default
 
 
 def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``history`` subcommand to ``parser.add_subparsers()``'s result."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "history", help="list saved benchmark runs, or one test's results across runs",
+        "history", help="list saved benchmark runs, one test's results across runs, or the "
+                        "steps in each test's history",
         description="List the runs saved with --gpu-save, or one test's step time and peak "
-                    "VRAM across runs (optionally as a PNG).")
+                    "VRAM across runs (optionally as a PNG). --changes lists the steps in each "
+                    "test's history on a branch (a run name); --html DIR writes them as a "
+                    "static site.")
     add_store_argument(parser)
-    parser.add_argument("--name", help="only runs saved under this name")
-    parser.add_argument("--limit", type=int, default=50, help="at most N runs (default 50, "
-                        f"at most {MAX_LIMIT})")
+    parser.add_argument("--name", help="only runs saved under this name (a branch)")
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help=f"at most N runs (default "
+                        f"{LIST_LIMIT}; with --changes or --html each test's newest N results, "
+                        f"default {DEFAULT_LIMIT}; at most {MAX_LIMIT})")
     parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
     parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
                         "VRAM across runs into PATH (needs matplotlib)")
+    parser.add_argument("--changes", action="store_true",
+                        help="list the steps in step time and peak VRAM of each test's history "
+                             "on each branch (or --test's, --name's): size, confidence, the "
+                             "first run after the step, and a likely cause (needs ruptures: "
+                             "pip install 'pytest-gputrain[changes]')")
+    parser.add_argument("--html", metavar="DIR", help="write a static site into DIR: an index "
+                        "of the tests with sparklines and their latest change, a page per test "
+                        "with its series, steps and commits (needs ruptures)")
+    parser.add_argument("--metric", choices=METRICS, action="append",
+                        help="with --changes or --html: only this metric (repeatable; default "
+                             "both)")
+    parser.add_argument("--min-change", metavar="PERCENT",
+                        default=f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%",
+                        help="with --changes or --html: the smallest step reported (default "
+                             f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%%)")
+    parser.add_argument("--step-summary", default=DEFAULT_STEP_SUMMARY, choices=STEP_SUMMARIES,
+                        help="one session's step time, as the gate summarises it: min (its "
+                             "fastest clean round, the default) or median")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=cmd_history)
     return parser
@@ -92,7 +120,7 @@ def locate(store: str | None) -> Location:
 def cmd_history(args: argparse.Namespace) -> int:
     try:
         return _history(args)
-    except (HistoryError, StoreError) as exc:
+    except (HistoryError, StoreError, ChangePointsUnavailable) as exc:
         print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
         return 2
 
@@ -100,17 +128,22 @@ def cmd_history(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     if args.png and not args.test:
         raise HistoryError("--png needs --test NODEID (the test to draw)")
+    if args.png and (args.changes or args.html):
+        raise HistoryError("--png draws one test's runs; it does not go with --changes or "
+                           "--html (the site draws every test)")
     if args.limit is not None and not 1 <= args.limit <= MAX_LIMIT:
         raise HistoryError(f"--limit {shown(args.limit)} must lie between 1 and {MAX_LIMIT}")
+    if args.changes or args.html:
+        from pytest_gputrain.regression.history_changes import show_changes
+
+        return show_changes(args, locate(args.store))
+    limit = args.limit or LIST_LIMIT
     with open_store(locate(args.store), create=False) as store:
         where = store.where
         if args.test:
-            entries = [(run, result) for run, result in store.history(args.test)
-                       if args.name is None or run.name == args.name][-args.limit:]
+            entries = store.history(args.test, name=args.name)[-limit:]
             if not entries:
-                known = store.nodeids()
-                hint = f"; tests in the store: {', '.join(known[:8])}" if known else ""
-                raise HistoryError(f"no saved result for {args.test!r} in {where}{hint}")
+                raise HistoryError(unknown_test(store, args.test, args.name))
             if args.json:
                 print(json.dumps([_entry_json(run, result) for run, result in entries],
                                  indent=2))
@@ -121,7 +154,7 @@ def _history(args: argparse.Namespace) -> int:
                 draw_png(args.test, entries, Path(args.png))
                 print(f"wrote {args.png}")
             return 0
-        runs = store.runs(name=args.name, limit=args.limit)
+        runs = store.runs(name=args.name, limit=limit)
     if args.json:
         print(json.dumps([run.to_json() for run in runs], indent=2))
     elif not runs:

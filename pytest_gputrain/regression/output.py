@@ -127,6 +127,9 @@ def _findings(report: GateReport) -> list[tuple[str, str]]:
     for nodeid, mismatch in report.mismatches().items():
         described = "; ".join(d.describe() for d in mismatch if d.strict)
         found.append((f"not comparable: {nodeid}: environment differs: {described}", "yellow"))
+    for drift in report.drifts:
+        found.append((f"DRIFT {drift.nodeid} {drift.metric}: {drift.describe()} (no single "
+                      "comparison shows it; not a failure)", "yellow"))
     untold = [c for c in report.comparisons if c.verdict == "cannot_tell"]
     if untold:
         first = untold[0]
@@ -227,6 +230,7 @@ def report_section(report: GateReport) -> dict[str, Any]:
         "failed": report.failed,
         "summary": {v: report.count(v) for v in VERDICTS},
         "comparisons": [c.to_json() for c in report.comparisons],
+        "drifts": [d.to_json() for d in report.drifts],
         "notes": list(report.notes),
         "saved_run_id": report.saved_run.id if report.saved_run else None,
         "markdown": markdown_body(report),
@@ -270,6 +274,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "benchmarks": [_benchmark_json(b) for b in sorted(report.benchmarks,
                                                             key=lambda r: r.nodeid)],
         "comparisons": [c.to_json() for c in report.comparisons],
+        "drifts": [d.to_json() for d in report.drifts],
         "summary": {v: report.count(v) for v in VERDICTS},
         "notes": list(report.notes),
         "failed": report.failed,

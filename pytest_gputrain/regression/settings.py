@@ -39,6 +39,11 @@ RESERVED_NAMES = ("latest",)
 MAX_WARMUP = 10_000
 MAX_ROUNDS = 100_000
 MAX_TIME_S = 3_600.0
+# The look-back window, in sessions: room for a step with 3 sessions either side, and no more
+# than a store is read at once.
+MIN_LOOKBACK, MAX_LOOKBACK = 6, 10_000
+LOOKBACK_HINT = ("gpu_lookback needs ruptures: pip install 'pytest-gputrain[changes]' (or pip "
+                 "install ruptures)")
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -57,6 +62,9 @@ OPTIONS: tuple[Option, ...] = (
             "fastest clean round, the default: what a busy host or a neighbour added is left "
             "out) or median (every round counts: a slowdown of some rounds shows)",
             metavar="min|median"),
+    Option("--gpu-lookback", "gpu_lookback", "with --gpu-compare: also compare with the "
+            "baseline branch's level over its newest N sessions, and report a drift no single "
+            f"comparison shows (needs ruptures; N from {MIN_LOOKBACK})", metavar="N"),
     Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
@@ -95,6 +103,7 @@ class RegressionSettings:
     alpha: float = DEFAULT_ALPHA
     step_summary: str = DEFAULT_STEP_SUMMARY
     force: bool = False
+    lookback: int | None = None  # sessions of the baseline's branch that set its level
     json_path: Path | None = None
     store: Location = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
     disable: bool = False
@@ -257,6 +266,13 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                          1, MAX_ROUNDS, "100")
     max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
                        1e-6, MAX_TIME_S, "5")
+    lookback = _number(config, "gpu_lookback", "--gpu-lookback", int, MIN_LOOKBACK,
+                       MAX_LOOKBACK, "30")
+    if lookback and compare:
+        import importlib.util
+
+        if importlib.util.find_spec("ruptures") is None:
+            raise _usage("gpu_lookback", "--gpu-lookback", LOOKBACK_HINT)
     if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
         raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
                      f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
@@ -275,7 +291,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary,
-        force=bool(read(config, "gpu_compare_force")),
+        force=bool(read(config, "gpu_compare_force")), lookback=lookback,
         json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
         disable=disable, skip=skip,

@@ -238,13 +238,18 @@ class Store(ABC):
         return found
 
     def history(self, nodeid: str, *, fingerprint_hash: str | None = None,
-                limit: int | None = None) -> list[tuple[RunInfo, ResultRecord]]:
-        """One test's results across runs, oldest first (the newest ``limit`` of them)."""
+                name: str | None = None, limit: int | None = None
+                ) -> list[tuple[RunInfo, ResultRecord]]:
+        """One test's results across runs (of one name, when given), oldest first (the newest
+        ``limit`` of them)."""
         query = _RESULT_COLUMNS + " WHERE nodeid = ?"
         parameters: list[Any] = [nodeid]
         if fingerprint_hash is not None:
             query += " AND fingerprint_hash = ?"
             parameters.append(fingerprint_hash)
+        if name is not None:
+            query += " AND run_id IN (SELECT id FROM runs WHERE name = ?)"
+            parameters.append(name)
         query += " ORDER BY run_id DESC"
         if limit is not None:
             query += " LIMIT ?"

@@ -1,13 +1,17 @@
-"""A compact, static picture of a test's timeline: one SVG line per chart of the HTML report.
+"""Compact, static pictures in plain SVG, for where no script of ours runs or a table row has
+room for a line only.
 
-For pytest-html's report, where a test's extras are inserted as HTML and no script of ours runs:
-the HTML report's charts are drawn by uPlot, this small picture is plain SVG. Each row is the
-first series of one chart (GPU utilisation, memory, power, step time), scaled to its own range,
-with its range in words; the profiler window is shaded and the failure marked across all rows.
+- ``timeline_svg``: a test's timeline for pytest-html's report, where a test's extras are
+  inserted as HTML (the HTML report's charts are drawn by uPlot). Each row is the first series
+  of one chart (GPU utilisation, memory, power, step time), scaled to its own range, with its
+  range in words; the profiler window is shaded and the failure marked across all rows.
+- ``series_svg``: one series as a sparkline, with marks at some of its points (the history
+  site's index: a test's step time across sessions, its steps marked).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 
@@ -65,4 +69,33 @@ def timeline_svg(timeline: dict[str, Any]) -> str:
                      f'failure: {escape(str(failure["label"]))}</text>')
     parts.append(f'<text x="{WIDTH - 2}" y="{height + 11}" text-anchor="end">'
                  f'{_fmt(end)} s</text></svg>')
+    return "".join(parts)
+
+
+def series_svg(values: Sequence[float], marks: Sequence[int] = (), *, label: str = "",
+               width: int = 160, height: int = 28) -> str:
+    """A sparkline of ``values`` (one point each, scaled to their own range), with a red tick
+    at each index in ``marks``; "" with no value. ``label`` is its accessible name."""
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    step = (width - 4) / max(1, len(values) - 1)
+
+    def x_of(index: int) -> float:
+        return round(2 + index * step, 1)
+
+    def y_of(value: float) -> float:
+        return round(height - 3 - (value - low) / span * (height - 6), 1)
+
+    line = " ".join(f"{x_of(i)},{y_of(v)}" for i, v in enumerate(values))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="sparkline" width="{width}" '
+             f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+             f'aria-label="{escape(label)}">']
+    for index in marks:
+        if 0 <= index < len(values):
+            parts.append(f'<line x1="{x_of(index)}" y1="0" x2="{x_of(index)}" y2="{height}" '
+                         'stroke="#b42318" stroke-width="1.5"/>')
+    parts.append(f'<polyline points="{line}" fill="none" stroke="#1f5fa8" '
+                 'stroke-width="1.2"/></svg>')
     return "".join(parts)
