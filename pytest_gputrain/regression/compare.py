@@ -19,7 +19,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
-from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMMARY
+from pytest_gputrain.regression.settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_CANNOT_TELL,
+    DEFAULT_STEP_SUMMARY,
+)
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:
@@ -50,6 +54,7 @@ class GateSettings:
     alpha: float = DEFAULT_ALPHA
     force: bool = False
     step_summary: str = DEFAULT_STEP_SUMMARY  # "min" or "median" (settings.STEP_SUMMARIES)
+    cannot_tell: str = DEFAULT_CANNOT_TELL  # "pass", "warn" or "fail" (settings.CANNOT_TELL)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ class MetricComparison:
     change: float | None = None
     p_value: float | None = None
     detectable: float | None = None
+    resolution: float | None = None  # smallest change significant 95 % of the time
+    sessions_to_decide: int | None = None  # for "cannot tell": sessions a side that would decide
     spread: float | None = None
     spread_df: int = 0
     spread_df_sides: int = 0
@@ -108,7 +115,8 @@ class MetricComparison:
                         "stray": self.current_stray,
                         "throttled_rounds": self.current_throttled},
             "change": self.change, "p_value": self.p_value,
-            "detectable_change": self.detectable,
+            "detectable_change": self.detectable, "resolution": self.resolution,
+            "sessions_to_decide": self.sessions_to_decide,
             "spread": {"relative_sd": self.spread, "df": self.spread_df,
                        "df_sides": self.spread_df_sides, "df_history": self.spread_df_history,
                        "history_groups": self.history_groups},
@@ -128,6 +136,7 @@ class GateReport:
     baseline_runs: list[RunInfo] = field(default_factory=list)
     current_runs: list[RunInfo] = field(default_factory=list)  # empty: this pytest session
     current_spec: str | None = None
+    session_budget: int | None = None  # the sequential recipe's most sessions a side
     comparisons: list[MetricComparison] = field(default_factory=list)
     saved_run: RunInfo | None = None
     save_name: str | None = None
@@ -143,8 +152,37 @@ class GateReport:
         return [c for c in self.comparisons if c.verdict == "regression"]
 
     @property
+    def undecided(self) -> list[MetricComparison]:
+        """The comparisons that cannot tell: their sessions could not see a change of the
+        threshold's size, or gave no spread at all."""
+        return [c for c in self.comparisons if c.verdict == "cannot_tell"]
+
+    @property
     def failed(self) -> bool:
-        return bool(self.regressions)
+        """A regression, or a "cannot tell" under the policy ``fail``."""
+        return bool(self.regressions) or (self.settings.cannot_tell == "fail"
+                                          and bool(self.undecided))
+
+    @property
+    def warned(self) -> bool:
+        """Passed, with a "cannot tell" that the policy ``warn`` shows as a warning."""
+        return not self.failed and self.settings.cannot_tell == "warn" and bool(self.undecided)
+
+    def sessions_to_decide(self, budget: int) -> int | None:
+        """For the sequential recipe (add a pair of sessions, compare again): how many sessions
+        a side would decide the comparisons that cannot tell yet, when more sessions within
+        ``budget`` a side would decide one of them; else ``None`` (nothing undecided, a
+        regression found, or no number within the budget would do). A spread still unknown
+        (one session a side) asks for one more."""
+        if self.regressions:
+            return None
+        wanted = []
+        for c in self.undecided:
+            have = min(c.baseline_sessions, c.current_sessions)
+            need = c.sessions_to_decide if c.spread is not None else have + 1
+            if need is not None and have < need <= budget:
+                wanted.append(need)
+        return min(wanted) if wanted else None
 
     def mismatches(self) -> dict[str, tuple[FieldDifference, ...]]:
         """Tests whose baseline fingerprint differs (strict fields), with the differences."""
@@ -288,6 +326,7 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
             nodeid, metric, decision.verdict,
             baseline_value=decision.baseline, current_value=decision.current,
             change=decision.change, p_value=decision.p_value, detectable=decision.detectable,
+            resolution=decision.resolution, sessions_to_decide=decision.sessions_to_decide,
             spread=spread.sd, spread_df=spread.df, spread_df_sides=spread.df_sides,
             spread_df_history=spread.df_history, history_groups=spread.history_groups,
             baseline_stray=decision.baseline_stray, current_stray=decision.current_stray,

@@ -49,6 +49,9 @@ def _verdict(comparison: MetricComparison) -> str:
     label = comparison.label
     if comparison.verdict == "regression" and comparison.threshold is not None:
         label += f" (> {comparison.threshold * 100:g} %)"
+    if comparison.verdict == "cannot_tell" and comparison.spread is not None:
+        needed = comparison.sessions_to_decide
+        label += f" ({needed} a side)" if needed is not None else " (no number a side)"
     if comparison.unlike:
         label += " (unlike)"
     if comparison.forced:
@@ -112,10 +115,10 @@ def _sides(report: GateReport) -> str:
     return f"{current} compared with {runs_label(report.baseline_runs)}"
 
 
-def _findings(report: GateReport) -> list[tuple[str, str]]:
+def _findings(report: GateReport) -> list[tuple[str, str | None]]:
     """(text, kind) lines after the table: regressions with their reasons, sides that are not
     like for like, environments that differ, and why some tests cannot be told."""
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str | None]] = []
     for c in report.regressions:
         found.append((f"REGRESSION {c.nodeid} {c.metric}: {c.reason}", "red"))
     unlike: dict[str, tuple[str, ...]] = {}
@@ -127,12 +130,28 @@ def _findings(report: GateReport) -> list[tuple[str, str]]:
     for nodeid, mismatch in report.mismatches().items():
         described = "; ".join(d.describe() for d in mismatch if d.strict)
         found.append((f"not comparable: {nodeid}: environment differs: {described}", "yellow"))
-    untold = [c for c in report.comparisons if c.verdict == "cannot_tell"]
+    untold = report.undecided
     if untold:
         first = untold[0]
         found.append((f"cannot tell ({len(untold)} metric(s)): {first.nodeid} {first.metric} "
-                      f"{first.reason}", "yellow"))
+                      f"{first.reason}", "red" if report.failed else "yellow"))
+    if report.session_budget is not None:
+        found.append((_sequential(report, report.session_budget), None))
     return found
+
+
+def _sequential(report: GateReport, budget: int) -> str:
+    """The sequential recipe's next step: another pair of sessions, or stop."""
+    needed = report.sessions_to_decide(budget)
+    if needed is not None:
+        return (f"more sessions would decide: {needed} a side (budget {budget}); run another "
+                "pair of sessions and compare again (exit status 3)")
+    if report.regressions:
+        return "decided: a regression; no more sessions needed"
+    if report.undecided:
+        return (f"no more sessions within the budget of {budget} a side would decide; the "
+                f"'cannot tell' policy ({report.settings.cannot_tell}) applies")
+    return "decided: no more sessions needed"
 
 
 def compare_lines(report: GateReport) -> list[Line]:
@@ -142,14 +161,25 @@ def compare_lines(report: GateReport) -> list[Line]:
         lines.append((tabulate(comparison_rows(report), headers=COMPARE_HEADERS,
                                disable_numparse=True), {}))
     for text, kind in _findings(report):
-        lines.append((text, {kind: True}))
-    if report.failed:
+        lines.append((text, {kind: True} if kind else {}))
+    lines.append(_outcome(report))
+    return [(printable(text), markup) for text, markup in lines]  # names from the store
+
+
+def _outcome(report: GateReport) -> Line:
+    """The gate's last line: a regression, a "cannot tell" that the policy fails or warns of,
+    or a pass; "cannot tell" is counted apart from "ok" in every case."""
+    policy = f"cannot-tell policy: {report.settings.cannot_tell}"
+    if report.regressions:
         names = ", ".join(f"{c.nodeid} {c.metric} {format_change(c.change)}"
                           for c in report.regressions)
-        lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
-    else:
-        lines.append((f"gate passed: {headline(report)}", {"green": True}))
-    return [(printable(text), markup) for text, markup in lines]  # names from the store
+        return f"performance regression: {names}", {"red": True, "bold": True}
+    if report.failed:
+        return f"gate failed: {headline(report)} ({policy})", {"red": True, "bold": True}
+    if report.warned:
+        return (f"gate passed with a warning: {headline(report)} ({policy})",
+                {"yellow": True, "bold": True})
+    return f"gate passed: {headline(report)}", {"green": True}
 
 
 def has_content(report: GateReport) -> bool:
@@ -194,7 +224,10 @@ def markdown_body(report: GateReport) -> str:
 def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
     out: list[str] = []
     if report.baseline_runs:
-        status = ("**Regression** :x:" if report.failed else "Passed :white_check_mark:")
+        status = ("**Regression** :x:" if report.regressions else
+                  "**Cannot tell** :x:" if report.failed else
+                  "Passed, but **cannot tell** :warning:" if report.warned else
+                  "Passed :white_check_mark:")
         out.append(f"{status}: {headline(report)}. {_sides(report)}; {_rule(report)}.")
         out.append("")
         if report.comparisons:
@@ -216,6 +249,16 @@ def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
     return out
 
 
+def cannot_tell_json(report: GateReport) -> dict[str, Any]:
+    """The "cannot tell" comparisons, the policy applied to them, and for the sequential
+    recipe (``compare --max-sessions``) whether more sessions would decide."""
+    budget = report.session_budget
+    needed = report.sessions_to_decide(budget) if budget is not None else None
+    return {"policy": report.settings.cannot_tell, "count": len(report.undecided),
+            "warned": report.warned, "session_budget": budget,
+            "more_sessions": needed is not None, "sessions_to_decide": needed}
+
+
 def report_section(report: GateReport) -> dict[str, Any]:
     """The gate in the ``--gpu-report`` files: ``sections["benchmarks"]`` (docs/report-schema.md);
     each comparison as in ``--gpu-benchmark-json``, and the Markdown the Markdown report
@@ -226,6 +269,7 @@ def report_section(report: GateReport) -> dict[str, Any]:
                            "commit": run.commit} for run in report.baseline_runs],
         "failed": report.failed,
         "summary": {v: report.count(v) for v in VERDICTS},
+        "cannot_tell": cannot_tell_json(report),
         "comparisons": [c.to_json() for c in report.comparisons],
         "notes": list(report.notes),
         "saved_run_id": report.saved_run.id if report.saved_run else None,
@@ -262,6 +306,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "settings": {"alpha": report.settings.alpha,
                      "thresholds": report.settings.thresholds,
                      "step_summary": report.settings.step_summary,
+                     "cannot_tell": report.settings.cannot_tell,
                      "force": report.settings.force, "compare": report.compare_spec},
         "baseline": {"spec": report.compare_spec,
                      "runs": [run.to_json() for run in report.baseline_runs]},
@@ -271,6 +316,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
                                                             key=lambda r: r.nodeid)],
         "comparisons": [c.to_json() for c in report.comparisons],
         "summary": {v: report.count(v) for v in VERDICTS},
+        "cannot_tell": cannot_tell_json(report),
         "notes": list(report.notes),
         "failed": report.failed,
     }
