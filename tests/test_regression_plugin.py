@@ -1139,6 +1139,64 @@ def test_recipe_passes_unchanged_code(project: pytest.Pytester, monkeypatch: pyt
     assert "improved" not in out and "REGRESSION" not in out
 
 
+@pytest.mark.parametrize(("factor", "decided"), [(1.0, 0), (1.03, 1)])
+def test_sequential_recipe_adds_pairs_until_decided(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], factor: float, decided: int) -> None:
+    """The loop of docs/regression.md: a pair of sessions, then compare --max-sessions; exit 3
+    asks for another pair (first: the spread is unknown; then: this many a side would
+    decide), until the verdict is decided (0: ok, 1: regression) within the budget."""
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    statuses, outputs = [], []
+    for pair in range(8):
+        for name, scale in (("base", 1.0), ("head", factor)):
+            result = run(project, monkeypatch, f"--gpu-save={name}", f"--gpu-store={store}",
+                         factor=scale, seed=2000 + 2 * pair + (name == "head"))
+            assert result.ret == 0, result.stdout.str()
+        capsys.readouterr()
+        statuses.append(compare_main("base", "head", "--store", store, "--regression",
+                                     "step_time:1%", "--max-sessions", "8"))
+        outputs.append(capsys.readouterr().out)
+        if statuses[-1] != 3:
+            break
+    assert statuses[0] == 3 and statuses[-1] == decided and set(statuses[:-1]) == {3}
+    assert 2 <= len(statuses) <= 8
+    assert "more sessions would decide: 2 a side (budget 8); run another pair" in outputs[0]
+    final = outputs[-1]
+    assert "cannot tell" not in final.splitlines()[-2:]
+    assert ("decided: a regression" if decided else "decided: no more sessions needed") in final
+
+
+def test_sequential_recipe_stops_when_the_budget_cannot_decide(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A threshold the sessions' spread could only resolve with more sessions than the
+    budget: no exit 3, the policy decides at once (and JSON says how many would do)."""
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    interleaved(project, monkeypatch, store, 2, candidate_factor=1.0)
+    capsys.readouterr()
+    args = ("base", "head", "--store", store, "--regression", "step_time:0.1%",
+            "--max-sessions", "3")
+    assert compare_main(*args) == 0
+    out = capsys.readouterr().out
+    assert "no more sessions within the budget of 3 a side would decide; the 'cannot tell' " \
+           "policy (warn) applies" in out
+    assert "gate passed with a warning: 2 cannot tell" in out
+    assert compare_main(*args, "--cannot-tell", "fail", "--format", "json") == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["cannot_tell"]["more_sessions"] is False
+    assert document["cannot_tell"]["session_budget"] == 3
+    for row in document["comparisons"]:
+        assert row["verdict"] == "cannot_tell" and row["sessions_to_decide"] > 3
+        assert row["resolution"] > 0.001
+    for bad, message in (("1", "'1' must lie between 2 and 1000; e.g. --max-sessions 8"),
+                         ("many", "'many' is not a whole number of sessions a side")):
+        with pytest.raises(SystemExit) as exited:
+            compare_main(*args[:-1], bad)
+        assert exited.value.code == 2
+        assert f"argument --max-sessions: {message}" in capsys.readouterr().err
+
+
 def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     store = str(project.path / "perf" / "benchmarks.sqlite")
