@@ -491,7 +491,7 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpu-regression=step_time=5"], "*gpu_regression / --gpu-regression: 'step_time=5'*"
                                        "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
-    (["--gpu-regression=speed:5%"], "*unknown metric 'speed'*known: step_time, peak_vram*"),
+    (["--gpu-regression=speed:5%"], "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
     (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
     (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
@@ -854,6 +854,145 @@ def test_cuda_timer_with_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {result.clock_event_reasons[i] for i in range(24)} == {0x0, 0x20}
     assert 1200.0 in result.sm_clock  # type: ignore[operator]
     assert len(result.clean_step_times()) == 24 - len(flagged)
+
+
+class _QueueEvent:
+    def __init__(self, cuda: _QueueCuda) -> None:
+        self.cuda = cuda
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = self.cuda.enqueue(0.0)
+
+    def synchronize(self) -> None:
+        assert self.at is not None
+        self.cuda.syncs += 1
+        self.cuda.host = max(self.cuda.host, self.at)
+
+    def elapsed_time(self, end: _QueueEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1000.0
+
+
+class _QueueCuda:
+    """A GPU that runs its stream's work in order, each item when the GPU is free and the host
+    has launched it: the host's clock and the GPU's timeline apart, as on a real one."""
+
+    SPIN_RATE = 1e9  # _sleep cycles per second
+
+    def __init__(self) -> None:
+        self.host = 0.0  # the host's clock
+        self.free_at = 0.0  # when the GPU is done with what it was given
+        self.syncs = 0
+
+    def enqueue(self, seconds: float) -> float:
+        begins = max(self.free_at, self.host)
+        self.free_at = begins + seconds
+        return self.free_at
+
+    def Event(self, enable_timing: bool = False) -> _QueueEvent:  # torch's name
+        return _QueueEvent(self)
+
+    def _sleep(self, cycles: int) -> None:
+        self.enqueue(cycles / self.SPIN_RATE)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        self.host = max(self.host, self.free_at)
+
+
+def _launch_bound_step(cuda: _QueueCuda, host_s: list[float], gpu_s: float,
+                       kernels: int = 50, sync: bool = False) -> Callable[[], None]:
+    """A step of ``kernels`` launches: the host spends the next of ``host_s`` on them, the GPU
+    ``gpu_s`` in all; ``sync``: it reads a value back at the end (``.item()``)."""
+    calls = [0]
+
+    def step() -> None:
+        host = host_s[calls[0] % len(host_s)]
+        calls[0] += 1
+        for _ in range(kernels):
+            cuda.host += host / kernels
+            cuda.enqueue(gpu_s / kernels)
+        if sync:
+            cuda.synchronize()
+    return step
+
+
+def test_gpu_time_of_a_launch_bound_step_leaves_out_the_hosts_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch-bound step: the host needs 10-16 ms a step (a busy host, another pace every
+    round), the GPU 6 ms. Its rounds run at the host's pace; queued behind a spin kernel they
+    time the GPU's 6 ms, whatever the host did, with no synchronisation per round."""
+    from types import SimpleNamespace
+
+    from pytest_gputrain.regression import benchmark
+
+    cuda = _QueueCuda()
+    monkeypatch.setattr(benchmark, "_clock", lambda: cuda.host)
+    torch = SimpleNamespace(cuda=cuda)
+    step = _launch_bound_step(cuda, [0.010, 0.016, 0.012], 0.006)
+    times = benchmark.queued_gpu_times(torch, step, (), {}, 30, round_seconds=0.012)
+    assert times is not None and len(times) == 30
+    assert times == [pytest.approx(0.006)] * 30
+    assert cuda.syncs == 3  # the calibration's, the reference event's, the end's
+    # Timed back to back instead, a round takes the host's 10 ms (and its last kernel).
+    start, end = cuda.Event(), cuda.Event()
+    start.record()
+    step()
+    end.record()
+    assert start.elapsed_time(end) / 1000 == pytest.approx(0.010 + 0.006 / 50)
+
+    # A spin too short for the host's pace: the GPU starts before the step is queued, so
+    # those rounds have no GPU time rather than one with the host's gaps in it.
+    assert benchmark.queued_gpu_times(torch, step, (), {}, 3, round_seconds=0.004) == [None] * 3
+    # A step that synchronises itself is never queued ahead of the GPU.
+    synced = _launch_bound_step(cuda, [0.002], 0.006, sync=True)
+    assert benchmark.queued_gpu_times(torch, synced, (), {}, 10, 0.006) == [None] * 10
+    # A torch without the spin kernel: no GPU time at all.
+    assert benchmark.queued_gpu_times(SimpleNamespace(cuda=SimpleNamespace()), step, (), {},
+                                      10, 0.01) is None
+
+
+def test_gpu_time_is_a_metric_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saved with the result, summarised per session like the step time (its queued rounds
+    only), gated as ``gpu_time``, and shown in the benchmarks table."""
+    from pytest_gputrain.regression.benchmark import BenchmarkOptions, BenchmarkResult, measure
+    from pytest_gputrain.regression.compare import (
+        GateReport,
+        GateSettings,
+        as_record,
+        compare_test,
+        session_value,
+    )
+    from pytest_gputrain.regression.output import terminal_lines
+
+    def session(gpu: float, host: float) -> BenchmarkResult:
+        queued: list[float | None] = [gpu * (1 + 0.0001 * (i % 5)) for i in range(30)]
+        queued[3] = None  # not queued in time
+        return BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, [host] * 40, [100],
+                               throttled=[False] * 40, gpu_time=queued,
+                               fingerprint={"device_type": "cuda"})
+
+    record = as_record(session(0.006, 0.010))
+    assert session_value(record, "gpu_time") == (pytest.approx(0.006), 0)
+    assert session_value(record, "gpu_time", "median") == (pytest.approx(0.0060012), 0)
+    again = BenchmarkResult.from_record(session(0.006, 0.010).to_record())
+    assert again.gpu_time is not None and again.gpu_time[3] is None
+    assert again.summary()["gpu_time"]["queued"] == 29
+    # The host's pace wanders from 10 to 13 ms between sessions; the GPU's 2 % shows.
+    baseline = [as_record(session(0.006, host)) for host in (0.010, 0.013, 0.011, 0.0125)]
+    slowed = [as_record(session(0.00612, host)) for host in (0.0105, 0.0102, 0.0128, 0.011)]
+    gate = GateSettings({"step_time": 0.01, "gpu_time": 0.01})
+    rows = {r.metric: r for r in compare_test("t::a", baseline, slowed, gate)}
+    assert rows["gpu_time"].verdict == "regression"
+    assert rows["step_time"].verdict == "cannot_tell"
+    report = GateReport(gate, benchmarks=[session(0.006, 0.010)])
+    table = "\n".join(line for line, _ in terminal_lines(report))
+    assert "GPU time" in table and "6.001 ms (29/30 queued)" in table
+    # On the CPU there is no GPU time to measure.
+    options = BenchmarkOptions(warmup=0, min_rounds=2, max_rounds=2)
+    assert measure(lambda: None, device="cpu", gpu_time=True, fingerprint=False,
+                   options=options).gpu_time is None
 
 
 def test_samples_for_rounds_counts_back_from_each_synchronisation() -> None:

@@ -3,7 +3,8 @@
 A side is one or more sessions (saved runs, or this pytest session) of one code version. Per
 test: the fingerprints are compared first (different strict fields: "not comparable", unless
 forced); each session is summarised by one value per metric (step time: its fastest clean
-round, or their median; peak VRAM: its largest peak); then ``stats.compare_sessions`` decides
+round, or their median; GPU time per step: the same of its queued rounds; peak VRAM: its
+largest peak); then ``stats.compare_sessions`` decides
 over the sessions, with the spread between sessions taken from each side's replicate sessions
 and from the store's history of the test in the same environment. The conditions of the sessions
 (cuDNN autotuning, an earlier profiler, clocks) are compared too, and a difference is named in
@@ -204,7 +205,8 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     """One session's summary of a metric, and how many throttled rounds it left out.
 
     Step time: the fastest clean round, or their median with ``step_summary="median"`` (None
-    with fewer than ``stats.MIN_ROUNDS`` clean rounds); peak VRAM: the largest peak of the
+    with fewer than ``stats.MIN_ROUNDS`` clean rounds); GPU time: the same over the rounds that
+    were queued in time (``None`` entries are the others); peak VRAM: the largest peak of the
     session. The fastest round is the default because what slows a round besides the code (a
     host busy with other work, so a launch-bound step waits for its launches; a neighbour on the
     GPU) only ever adds time, and comes and goes within a session: on the H200 the median of a
@@ -214,6 +216,11 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     values = record.metrics.get(metric)
     if not values:
         return None, 0
+    if metric == "gpu_time":
+        queued = [float(v) for v in values if v is not None]
+        if len(queued) < stats.MIN_ROUNDS:
+            return None, 0
+        return (min(queued) if step_summary == "min" else stats.median(queued)), 0
     numbers = [float(v) for v in values]
     if metric != "step_time":
         return max(numbers), 0

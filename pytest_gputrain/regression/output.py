@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_gputrain.regression import stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
@@ -80,15 +81,42 @@ def comparison_rows(report: GateReport) -> list[tuple[str, ...]]:
     return rows
 
 
+def _gpu_time(result: BenchmarkResult) -> str:
+    """The median GPU time per step, and how many queued rounds it comes from."""
+    if result.gpu_time is None:
+        return "–"
+    queued = result.gpu_times
+    if not queued:
+        return f"– (0/{len(result.gpu_time)} queued)"
+    text = format_duration(stats.median(queued), precise=True)
+    return text if len(queued) == len(result.gpu_time) else \
+        f"{text} ({len(queued)}/{len(result.gpu_time)} queued)"
+
+
+def _measured_gpu_time(report: GateReport) -> bool:
+    return any(b.gpu_time is not None for b in report.benchmarks)
+
+
+def bench_headers(report: GateReport) -> tuple[str, ...]:
+    """The benchmarks table's columns; "GPU time" where some benchmark measured it."""
+    if not _measured_gpu_time(report):
+        return BENCH_HEADERS
+    return (*BENCH_HEADERS[:6], "GPU time", *BENCH_HEADERS[6:])
+
+
 def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    gpu_time = _measured_gpu_time(report)
     for b in sorted(report.benchmarks, key=lambda r: r.nodeid):
         util = b.utilization_mean
-        rows.append((b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
-                     format_duration(b.iqr, precise=True), format_duration(b.min, precise=True),
-                     format_bytes(b.peak_vram_max) if b.peak_vram else "–",
-                     "–" if util is None else f"{util:.0f} %",
-                     f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"))
+        row = [b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
+               format_duration(b.iqr, precise=True), format_duration(b.min, precise=True),
+               format_bytes(b.peak_vram_max) if b.peak_vram else "–",
+               "–" if util is None else f"{util:.0f} %",
+               f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"]
+        if gpu_time:
+            row.insert(6, _gpu_time(b))
+        rows.append(tuple(row))
     return rows
 
 
@@ -192,7 +220,7 @@ def terminal_lines(report: GateReport) -> list[Line]:
     """Lines for the pytest terminal summary."""
     lines: list[Line] = []
     if report.benchmarks:
-        lines.append((tabulate(benchmark_rows(report), headers=BENCH_HEADERS,
+        lines.append((tabulate(benchmark_rows(report), headers=bench_headers(report),
                                disable_numparse=True), {}))
     if report.compare_spec:
         lines.append(("", {}))
@@ -240,8 +268,8 @@ def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
         out.append(f"No saved run matches `{report.compare_spec}`: nothing compared.")
     if report.benchmarks:
         out.extend(["", f"{subheading} Benchmarks", "",
-                    tabulate(benchmark_rows(report), headers=BENCH_HEADERS, tablefmt="github",
-                             disable_numparse=True)])
+                    tabulate(benchmark_rows(report), headers=bench_headers(report),
+                             tablefmt="github", disable_numparse=True)])
     for note in report.notes:
         out.append(f"- {note}")
     if report.saved_run is not None:

@@ -22,7 +22,8 @@ from pytest_gputrain.regression.store_location import (
     resolve_store,
 )
 
-METRICS = ("step_time", "peak_vram")
+# gpu_time: the GPU's own time per step (benchmark.py), measured only where it is gated.
+METRICS = ("step_time", "gpu_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 # DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
 # that the two agree).
