@@ -491,7 +491,8 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpu-regression=step_time=5"], "*gpu_regression / --gpu-regression: 'step_time=5'*"
                                        "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
-    (["--gpu-regression=speed:5%"], "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
+    (["--gpu-regression=speed:5%"],
+     "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
     (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
     (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
