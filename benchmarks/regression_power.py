@@ -5,6 +5,7 @@ it stay quiet when nothing changed, when every session is its own process?
     python benchmarks/regression_power.py --devices 2        # two GPUs, one stream of sessions each
     python benchmarks/regression_power.py --device cpu --sessions 2 --rounds 20 --budget-s 60
     python benchmarks/regression_power.py --replay power.json --step-summary median --trials 400
+    python benchmarks/regression_power.py --slowdown 0.02 --threshold 0.01 --sequential 8
 
 Two training steps, each timed as CI times it:
 
@@ -20,7 +21,11 @@ sampler thread) and saves it in a real store as one run; the comparisons then ru
 parent process, which reads the runs back from the store and decides with the gate's own
 ``compare_test`` (t-test over sessions, each summarised by its fastest clean step or with
 ``--step-summary median`` its median; ``--threshold``, ``--alpha``), as
-``python -m pytest_gputrain compare`` does in CI.
+``python -m pytest_gputrain compare`` does in CI. On CUDA every session also measures the GPU's
+own time per step (the queued rounds of the plugin's ``gpu_time``); ``--metric gpu_time`` gates
+on it, and every run prints each session summary side by side (step time or GPU time, fastest
+or median: ``gate_trials.ALTERNATIVES``) with its spread, the slowdown it measured, and its
+trials' verdicts, so that the summaries can be compared on the same sessions.
 
 The slowdown makes the step 5 % slower. For the GPU-bound step: a GPU spin kernel
 (``torch.cuda._sleep``) of 5 % of the calibration session's median after each step. For the
@@ -45,10 +50,13 @@ sessions: 7.5 to 10.3 ms, an 8.6 % spread).
 Trials are formed from the pools of sessions: a power trial draws ``--sessions`` unchanged
 sessions as the baseline and as many slowed ones as the candidate; a false-alarm trial draws
 two disjoint sets of unchanged sessions. Trials share sessions (the pools are finite), so the
-trials are not independent; the output says how large the pools were. False alarms count any
-verdict other than "ok" on unchanged code ("improvement" as much as "regression"). The number
-of sessions the recipe needs is the fewest a side whose trials on the same pools reach the
-goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials.
+trials are not independent; the output says how large the pools were. Verdicts are counted
+apart (``gate_trials.tally``): on slowed code caught, "ok" (a miss the gate did not admit) and
+"cannot tell"; on unchanged code false alarms ("improvement" as much as "regression"), "ok" and
+"cannot tell". The number of sessions the recipe needs is the fewest a side whose trials on the
+same pools reach the goal: >= 95 % caught and <= 5 % false alarms, each over >= 20 trials; a
+step whose trials miss it but never call a slowdown "ok" is HONEST. ``--sequential N`` also
+runs the sequential recipe: pairs of sessions until the gate decides, N a side at most.
 
 ``--json PATH`` saves every session's clean rounds; ``--replay PATH`` runs no session and
 decides the trials again on those saved sessions, with another recipe or gate (more trials,
@@ -64,7 +72,6 @@ import json
 import math
 import multiprocessing
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -81,10 +88,14 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import gate_trials
 from cpu_pinning import cpu_sets as pinned_sets
 from cpu_pinning import describe as describe_cpus
+from gate_trials import PoolIds, Records, Rows
+from tabulate import tabulate
 
-from pytest_gputrain.regression.compare import GateSettings, compare_test
+from pytest_gputrain.regression.benchmark import spin_cycles_per_second
+from pytest_gputrain.regression.compare import GateSettings
 from pytest_gputrain.regression.stats import pooled_spread
 from pytest_gputrain.regression.store import ResultRecord
 from pytest_gputrain.regression.store_backends import open_store
@@ -101,7 +112,10 @@ DESCRIPTIONS = {
     ("gpu", "cpu"): "compute-bound (CPU stand-in): MLP 512-1024-1024-10, batch 64, SGD",
 }
 SESSION_TIMEOUT_S = 300.0
-Records = dict[int, ResultRecord]  # a pool's sessions as the gate reads them, by run id
+METRIC_WORDS = {"step_time": "step time", "gpu_time": "GPU time per step"}
+# How the pools' summaries are named: (metric, step summary) -> words.
+LABELS = {("step_time", "min"): "fastest steps", ("step_time", "median"): "medians",
+          ("gpu_time", "min"): "fastest GPU times", ("gpu_time", "median"): "median GPU times"}
 
 
 # -- one session (runs in its own process) -------------------------------------------------------
@@ -115,22 +129,6 @@ def build_step(torch: Any, step: str, device: str, gpu_batch: int) -> Callable[[
             return training_step.build_resnet18_step(torch, device, batch=2, size=32, width=8)
         return training_step.build_resnet18_step(torch, device, batch=32, size=224)
     return training_step.build_step(torch, device, 64 if device == "cpu" else gpu_batch)
-
-
-def spin_cycles_per_second(torch: Any) -> float:
-    """How many ``torch.cuda._sleep`` cycles this GPU spins per second."""
-    cuda = torch.cuda
-    cycles = 2_000_000
-    for _ in range(3):
-        cuda._sleep(cycles)
-    cuda.synchronize()
-    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return 20 * cycles / (start.elapsed_time(end) / 1000)
 
 
 def slowed(torch: Any, step: Callable[[], None], host_seconds: float,
@@ -205,10 +203,12 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
         step = slowed(torch, step, spec["host_seconds"], spec["gpu_cycles"])
     options = BenchmarkOptions(warmup=spec["warmup"], min_rounds=spec["rounds"],
                                max_rounds=spec["rounds"], max_time=3600.0)
-    bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options)
+    bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options,
+                         gpu_time=device != "cpu")
     result = bench(step, device=device)
     out: dict[str, Any] = {"median": median(result.clean_step_times()), "pid": os.getpid(),
                            "round_times": list(result.clean_step_times()),
+                           "gpu_times": result.gpu_time,
                            "throttled": result.throttled_count,
                            "fingerprint": result.fingerprint, "conditions": result.conditions}
     if spec.get("calibrate") and device != "cpu":
@@ -280,23 +280,9 @@ class Pool:
         return [s["wall"] for s in self.unchanged + self.slowed]
 
 
-def fewest_sessions(records: Records, pool: Pool, count: int, seed: int,
-                   gate: GateSettings) -> tuple[int | None, int]:
-    """The fewest sessions a side whose trials on these pools reach the goal (>= 95 % caught,
-    <= 5 % false alarms), and the most the pools allow (a false-alarm trial draws twice as many
-    unchanged sessions); ``None`` when no number up to that reaches it."""
-    most = min(len(pool.unchanged) // 2, len(pool.slowed))
-    for n in range(2, most + 1):
-        rows = trials(records, pool, n, count, seed, gate)
-        if _goal_met(rows, count):
-            return n, most
-    return None, most
-
-
-def _goal_met(rows: dict[str, list[dict[str, Any]]], count: int) -> bool:
-    caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
-    alarms = sum(r["verdict"] != "ok" for r in rows["unchanged"])  # either way is false
-    return caught >= math.ceil(0.95 * count) and alarms <= math.floor(0.05 * count)
+def pool_ids(pool: Pool) -> PoolIds:
+    return PoolIds(f"benchmarks/regression_power.py::{pool.step}",
+                   [s["run_id"] for s in pool.unchanged], [s["run_id"] for s in pool.slowed])
 
 
 def stored_records(store_location: str | Path, pool: Pool) -> Records:
@@ -308,41 +294,16 @@ def stored_records(store_location: str | Path, pool: Pool) -> Records:
 
 
 def saved_records(pool: Pool) -> Records:
-    """The pool's sessions rebuilt from what ``--json`` saved of them (their clean rounds,
-    fingerprint and conditions), for ``--replay`` without the store."""
+    """The pool's sessions rebuilt from what ``--json`` saved of them (their clean rounds, GPU
+    times, fingerprint and conditions), for ``--replay`` without the store."""
     nodeid = f"benchmarks/regression_power.py::{pool.step}"
     return {session["run_id"]: ResultRecord(
                 nodeid=nodeid, fingerprint=session["fingerprint"], fingerprint_hash="",
                 rounds=len(session["round_times"]),
-                metrics={"step_time": session["round_times"]},
+                metrics={"step_time": session["round_times"],
+                         "gpu_time": session.get("gpu_times")},
                 summary={"conditions": session["conditions"]}, run_id=session["run_id"])
             for session in pool.unchanged + pool.slowed}
-
-
-def trials(records: Records, pool: Pool, sessions: int, count: int, seed: int,
-           gate: GateSettings) -> dict[str, Any]:
-    """Power and false-alarm trials drawn from the pools, decided by the gate's compare_test
-    on the sessions' records (keyed by run id)."""
-    rng = random.Random(seed)
-    nodeid = f"benchmarks/regression_power.py::{pool.step}"
-    unchanged = [s["run_id"] for s in pool.unchanged]
-    slow = [s["run_id"] for s in pool.slowed]
-    rows: dict[str, list[dict[str, Any]]] = {"slowed": [], "unchanged": []}
-    for _ in range(count):
-        for kind in ("slowed", "unchanged"):
-            if kind == "slowed":
-                base, current = rng.sample(unchanged, sessions), rng.sample(slow, sessions)
-            else:
-                drawn = rng.sample(unchanged, 2 * sessions)
-                base, current = drawn[:sessions], drawn[sessions:]
-            (row,) = compare_test(nodeid, [records[i] for i in base],
-                                  [records[i] for i in current], gate)
-            rows[kind].append({"baseline_runs": base, "current_runs": current,
-                               "verdict": row.verdict, "change": row.change,
-                               "p_value": row.p_value, "detectable": row.detectable,
-                               "strays": (row.baseline_stray is not None)
-                               + (row.current_stray is not None)})
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default 270)")
     parser.add_argument("--pool", type=int, default=None,
                         help="slowed sessions per step, twice as many unchanged ones "
-                             "(default 4 x --sessions, as the budget allows)")
+                             "(default 4 x --sessions, or --sequential if more, as the budget "
+                             "allows)")
     parser.add_argument("--rounds", type=int, default=100, help="timed steps a session (<= 100)")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps a session (30)")
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected slowdown (0.05)")
@@ -376,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-summary", default="min", choices=("min", "median"),
                         help="gate: one session's step time, its fastest clean step (min, the "
                              "default) or their median")
+    parser.add_argument("--metric", default="step_time", choices=("step_time", "gpu_time"),
+                        help="gate: the step time (default) or the GPU's own time per step "
+                             "(CUDA sessions measure both; every run also prints each summary's "
+                             "figures side by side)")
+    parser.add_argument("--sequential", type=int, default=0, metavar="N",
+                        help="also run the sequential recipe: pairs of sessions until the gate "
+                             "decides, N a side at most (compare --max-sessions N); 0: off")
     parser.add_argument("--gpu-batch", type=int, default=512, help="GPU-bound step's batch")
     parser.add_argument("--cudnn-benchmark", action="store_true",
                         help="sessions set torch.backends.cudnn.benchmark = True")
@@ -406,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be between 1 and 100")
     if args.trials < 1 or args.sessions < 2:
         parser.error("--trials must be >= 1 and --sessions >= 2")
+    if args.sequential and args.sequential < 2:
+        parser.error("--sequential must be 0 (off) or >= 2 sessions a side")
     if args.pool is not None and args.pool < args.sessions:
         parser.error("--pool must be at least --sessions (a trial draws that many)")
     if args.devices < 1 or (args.device == "cpu" and args.devices != 1):
@@ -525,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         left = deadline - time.perf_counter()
         phase_deadline = time.perf_counter() + left / (len(phases) - index)
         order = [(step, kind) for kind in ("unchanged", "unchanged", "slowed") for step in phase]
-        queue = [(step, kind) for _ in range(args.pool or 4 * n) for step, kind in order]
+        size = args.pool or max(4 * n, args.sequential)
+        queue = [(step, kind) for _ in range(size) for step, kind in order]
         threads = [threading.Thread(target=stream, args=(d, c, queue, phase_deadline))
                    for d, c in streams]
         for thread in threads:
@@ -552,30 +524,32 @@ def judge(pools: dict[str, Pool], records: dict[str, Records], args: argparse.Na
           cold: bool, report: dict[str, Any], started: float) -> None:
     """Decide the trials of every step with the gate of the command line, print the figures and
     the overall result, and write them (with ``report``'s description of the run) to --json."""
-    gate = GateSettings({"step_time": args.threshold}, alpha=args.alpha,
+    gate = GateSettings({args.metric: args.threshold}, alpha=args.alpha,
                         step_summary=args.step_summary)
     report.update({"sessions_a_side": args.sessions, "threshold": args.threshold,
-                   "alpha": args.alpha, "step_summary": args.step_summary, "cold": cold,
+                   "alpha": args.alpha, "step_summary": args.step_summary,
+                   "metric": args.metric, "sequential": args.sequential, "cold": cold,
                    "steps": {}})
-    all_ok = True
     first = next(iter(pools.values())).calibration["fingerprint"]
     print(f"device: {first.get('gpu_name') or first.get('cpu_model')}, torch "
           f"{first.get('torch_version')}, driver {first.get('driver_version')}")
     print(f"recipe: {args.sessions} sessions a side, interleaved; gate "
-          f"step_time:{args.threshold * 100:g} %, alpha {args.alpha:g} (t-test over sessions), "
-          f"a session's step time: its "
+          f"{args.metric}:{args.threshold * 100:g} %, alpha {args.alpha:g} (t-test over "
+          f"sessions), a session's {METRIC_WORDS[args.metric]}: its "
           f"{'fastest clean step' if args.step_summary == 'min' else 'median clean step'}")
+    results = []
     for step, pool in pools.items():
         print()
         print(f"== {pool.description} ==")
         figures = summarise(pool, args, records[step], gate, cold)
         report["steps"][step] = figures
-        all_ok = all_ok and figures["result"] == "PASS"
+        results.append(figures["result"])
     elapsed = time.perf_counter() - started
+    overall = next((r for r in ("MISS", "HONEST") if r in results), "PASS")
     print()
-    print(f"overall: {'PASS' if all_ok else 'MISS'} ({elapsed:.0f} s)")
+    print(f"overall: {overall} ({elapsed:.0f} s)")
     report["elapsed_s"] = elapsed
-    report["result"] = "PASS" if all_ok else "MISS"
+    report["result"] = overall
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 
@@ -613,10 +587,10 @@ def summarise(pool: Pool, args: argparse.Namespace, records: Records,
               gate: GateSettings, cold: bool) -> dict[str, Any]:
     """Print one step's figures; the same as a dict."""
     n, count = args.sessions, args.trials
-    pick = min if args.step_summary == "min" else statistics.median
-    unchanged = [pick(s["round_times"]) for s in pool.unchanged]
-    slow = [pick(s["round_times"]) for s in pool.slowed]
-    label = "fastest steps" if args.step_summary == "min" else "medians"
+    ids = pool_ids(pool)
+    unchanged = gate_trials.summaries(records, ids.unchanged, args.metric, args.step_summary)
+    slow = gate_trials.summaries(records, ids.slowed, args.metric, args.step_summary)
+    label = LABELS[(args.metric, args.step_summary)]
     calibration = pool.calibration
     forked_wall = statistics.median(pool.walls()) if pool.walls() else None
     print(f"session median {seconds(calibration['median'])}; "
@@ -626,6 +600,9 @@ def summarise(pool: Pool, args: argparse.Namespace, records: Records,
                                "calibration": calibration,
                                "pool": {"unchanged": pool.unchanged, "slowed": pool.slowed},
                                "forked_session_wall_s": forked_wall, "result": "MISS"}
+    if not gate_trials.measured(records, args.metric):
+        print(f"MISS: the sessions have no {args.metric} (the CPU measures no GPU time)")
+        return figures
     if len(unchanged) < 2 * n or len(slow) < n:
         print(f"MISS: only {len(unchanged)} unchanged and {len(slow)} slowed sessions in the "
               f"pools (a larger --budget-s runs more); trials need {2 * n} and {n}")
@@ -639,22 +616,23 @@ def summarise(pool: Pool, args: argparse.Namespace, records: Records,
     print(f"slowed pool: {len(slow)} sessions, {label} {seconds(min(slow))} - "
           f"{seconds(max(slow))}; {pool.how}; measured {measured * 100:+.2f} % over the "
           "unchanged pool")
-    rows = trials(records, pool, n, count, args.seed, gate)
-    caught = sum(r["verdict"] == "regression" for r in rows["slowed"])
-    improved = sum(r["verdict"] == "improvement" for r in rows["unchanged"])
-    alarms = sum(r["verdict"] == "regression" for r in rows["unchanged"]) + improved
+    rows = gate_trials.trials(records, ids, n, count, args.seed, gate)
+    counts = gate_trials.tally(rows)
     strays = sum(r["strays"] > 0 for kind in rows.values() for r in kind)
-    detectable = statistics.median(r["detectable"] for r in rows["slowed"]
-                                   if r["detectable"] is not None)
+    detectable = [r["detectable"] for r in rows["slowed"] if r["detectable"] is not None]
     caught_goal, alarm_goal = math.ceil(0.95 * count), math.floor(0.05 * count)
     print(f"trials: each draws {n} + {n} different sessions from the pools (seed {args.seed}); "
           "trials share sessions")
-    print(f"  power for a {args.slowdown * 100:g} % slowdown: {caught}/{count} caught "
-          f"(goal >= {caught_goal}/{count}); detectable change (median) {detectable * 100:.1f} %")
-    print(f"  false alarms on unchanged code: {alarms}/{count} (goal <= {alarm_goal}/{count}), "
-          f"of them 'improvement': {improved}")
+    print(f"  power for a {args.slowdown * 100:g} % slowdown: {counts['caught']}/{count} "
+          f"caught (goal >= {caught_goal}/{count}), missed as 'ok': {counts['missed_ok']}, "
+          f"'cannot tell': {counts['cannot_tell']}; detectable change (median) "
+          + (f"{statistics.median(detectable) * 100:.1f} %" if detectable else "–"))
+    print(f"  false alarms on unchanged code: {counts['false_alarms']}/{count} (goal <= "
+          f"{alarm_goal}/{count}), of them 'improvement': "
+          f"{counts['improvements_on_unchanged']}; 'ok': {counts['ok_unchanged']}, "
+          f"'cannot tell': {counts['cannot_tell_unchanged']}")
     print(f"  trials that left out a stray session (Dixon's Q): {strays}/{2 * count}")
-    needed, most = fewest_sessions(records, pool, count, args.seed, gate)
+    needed, most = gate_trials.fewest_sessions(records, ids, count, args.seed, gate)
     wall = calibration["wall"] if cold else forked_wall
     if needed is None:
         print(f"sessions the recipe needs: more than {most} a side (no number up to {most}, "
@@ -664,16 +642,68 @@ def summarise(pool: Pool, args: argparse.Namespace, records: Records,
         print(f"sessions the recipe needs (the fewest a side whose trials on these pools reach "
               f"the goal): {needed} a side ({2 * needed} sessions, about {minutes:.1f} min at "
               f"{wall or 0:.1f} s a session, before pytest's own start-up)")
-    ok = _goal_met(rows, count)
-    print(f"result: {'PASS' if ok else 'MISS'}")
+    figures["sequential"] = sequential(records, ids, args, gate, count)
+    figures["alternatives"] = alternatives(records, ids, args, count)
+    verdict = gate_trials.result(rows, count)
+    print(f"result: {verdict}")
     figures.update({
-        "spread": asdict(spread), "measured_slowdown": measured, "caught": caught,
-        "false_alarms": alarms, "improvements_on_unchanged": improved, "trials": count,
+        "spread": asdict(spread), "measured_slowdown": measured, **counts, "trials": count,
         "trials_with_strays": strays,
-        "detectable_median": detectable, "sessions_needed": needed,
+        "detectable_median": statistics.median(detectable) if detectable else None,
+        "sessions_needed": needed,
         "recipe_minutes": None if needed is None else 2 * needed * (wall or 0.0) / 60,
-        "trial_rows": rows, "result": "PASS" if ok else "MISS"})
+        "trial_rows": rows, "result": verdict})
     return figures
+
+
+def sequential(records: Records, ids: PoolIds, args: argparse.Namespace, gate: GateSettings,
+               count: int) -> dict[str, Any] | None:
+    """The sequential recipe's trials (``--sequential N``), printed; None when off or when
+    the pools hold too few sessions for its budget."""
+    budget = args.sequential
+    if not budget:
+        return None
+    if len(ids.unchanged) < 2 * budget or len(ids.slowed) < budget:
+        print(f"sequential recipe: the pools hold too few sessions for {budget} a side (need "
+              f"{2 * budget} unchanged and {budget} slowed)")
+        return None
+    rows: Rows = gate_trials.sequential_trials(records, ids, budget, count, args.seed, gate)
+    counts = gate_trials.tally(rows)
+    used = [r["sessions"] for kind in rows.values() for r in kind]
+    print(f"sequential recipe (a pair at a time until the gate decides, at most {budget} a "
+          f"side): {counts['caught']}/{count} caught, missed as 'ok' {counts['missed_ok']}, "
+          f"'cannot tell' {counts['cannot_tell']}; false alarms {counts['false_alarms']}/"
+          f"{count}, 'ok' {counts['ok_unchanged']}, 'cannot tell' "
+          f"{counts['cannot_tell_unchanged']}; sessions a side used: median "
+          f"{statistics.median(used):g}, most {max(used)}; "
+          f"{gate_trials.result(rows, count)}")
+    return {"budget": budget, **counts, "sessions_used": used, "trial_rows": rows,
+            "result": gate_trials.result(rows, count)}
+
+
+def alternatives(records: Records, ids: PoolIds, args: argparse.Namespace,
+                 count: int) -> list[dict[str, Any]]:
+    """Each session summary's figures on the same sessions and trials, printed as a table."""
+    found = []
+    for metric, step_summary in gate_trials.ALTERNATIVES:
+        if not gate_trials.measured(records, metric):
+            continue
+        found.append(gate_trials.alternative(records, ids, metric, step_summary,
+                                             args.sessions, count, args.seed, args.threshold,
+                                             args.alpha))
+    table = [(f"{f['metric']} {f['step_summary']}",
+              "–" if f["spread"] is None else f"{f['spread'] * 100:.2f} %",
+              "–" if f["measured_slowdown"] is None else f"{f['measured_slowdown'] * 100:+.2f} %",
+              f"{f['caught']}/{count}", str(f["missed_ok"]), str(f["cannot_tell"]),
+              f"{f['false_alarms']}/{count}", str(f["ok_unchanged"]),
+              str(f["cannot_tell_unchanged"]), f["result"]) for f in found]
+    print(f"session summaries compared ({args.sessions} a side, gate {args.threshold * 100:g} "
+          f"%, the same draws):")
+    print(tabulate(table, headers=("summary", "spread", "measured", "caught", "missed 'ok'",
+                                   "cannot tell", "false alarms", "'ok' (unchanged)",
+                                   "cannot tell (unchanged)", "result"),
+                   disable_numparse=True))
+    return found
 
 
 if __name__ == "__main__":

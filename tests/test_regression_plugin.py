@@ -50,10 +50,10 @@ def fake_step(monkeypatch):
     monkeypatch.setattr(benchmark, "_clock", clock)
     factor = float(os.environ.get("STEP_FACTOR", "1"))
     rng = random.Random(int(os.environ.get("STEP_SEED", "0")))
-    session = rng.lognormvariate(0, 0.004)  # this session's luck: 0.4 % between sessions
+    session = rng.lognormvariate(0, 0.001)  # this session's luck: 0.1 % between sessions
 
     def step():
-        clock.now += 0.010 * factor * session * rng.lognormvariate(0, 0.02)
+        clock.now += 0.010 * factor * session * rng.lognormvariate(0, 0.005)
         return "stepped"
 
     return step
@@ -202,12 +202,51 @@ def test_one_session_a_side_cannot_tell(project: pytest.Pytester,
         "*test_steps.py::test_train*step_time*1/1*-*%*–*–*cannot tell*",
         "cannot tell (2 metric(s)): *step_time saw -*%, but with 1 baseline and 1 current "
         "session(s) and no repeated sessions*Run 2 or more sessions a side*",
-        "gate passed: 2 cannot tell",
+        "gate passed with a warning: 2 cannot tell (cannot-tell policy: warn)",
     ])
     assert "improved" not in result.stdout.str()
-    rows = json.loads(out.read_text())["comparisons"]
+    document = json.loads(out.read_text())
+    rows = document["comparisons"]
     assert {r["verdict"] for r in rows} == {"cannot_tell"}
     assert all(r["p_value"] is None and r["detectable_change"] is None for r in rows)
+    assert all(r["sessions_to_decide"] is None for r in rows)  # the spread is unknown
+    assert document["summary"]["cannot_tell"] == 2 and document["summary"]["ok"] == 0
+    assert document["settings"]["cannot_tell"] == "warn"
+    assert document["cannot_tell"] == {"policy": "warn", "count": 2, "warned": True,
+                                       "session_budget": None, "more_sessions": False,
+                                       "sessions_to_decide": None}
+    assert document["failed"] is False
+
+
+@pytest.mark.parametrize(("args", "ini", "policy", "line"), [
+    (["--gpu-cannot-tell=fail"], "", "fail",
+     "gate failed: 2 cannot tell (cannot-tell policy: fail)"),
+    ([], "gpu_cannot_tell = fail", "fail",
+     "gate failed: 2 cannot tell (cannot-tell policy: fail)"),
+    (["--gpu-cannot-tell=pass"], "gpu_cannot_tell = fail", "pass", "gate passed: 2 cannot tell"),
+    (["--gpu-cannot-tell=WARN"], "", "warn",
+     "gate passed with a warning: 2 cannot tell (cannot-tell policy: warn)"),
+])
+def test_cannot_tell_policy(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                            args: list[str], ini: str, policy: str, line: str) -> None:
+    """What a "cannot tell" does to the session: the command line over the ini file; "fail"
+    fails the session as a regression does, and the reports say so."""
+    project.makeini(f"[pytest]\n{ini}\n")
+    run(project, monkeypatch, "--gpu-save=main")
+    result = run(project, monkeypatch, "--gpu-compare=main", "--gpu-report=report.json",
+                 "--gpu-fail-on=never", *args, factor=0.7, seed=1)
+    result.assert_outcomes(passed=3)
+    assert result.ret == (1 if policy == "fail" else 0)
+    result.stdout.fnmatch_lines(["*test_train*step_time*1/1*cannot tell*", line])
+    assert "performance regression" not in result.stdout.str()
+    section = json.loads((project.path / "report.json").read_text())["sections"]["benchmarks"]
+    assert section["summary"]["cannot_tell"] == 2 and section["summary"]["ok"] == 0
+    assert section["failed"] is (policy == "fail")
+    assert section["cannot_tell"]["policy"] == policy
+    assert section["cannot_tell"]["warned"] is (policy == "warn")
+    status = {"fail": "**Cannot tell** :x:", "warn": "Passed, but **cannot tell** :warning:",
+              "pass": "Passed :white_check_mark:"}[policy]
+    assert section["markdown"].startswith(status)
 
 
 def test_history_gives_one_session_a_detectable_change(project: pytest.Pytester,
@@ -452,12 +491,16 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpu-regression=step_time=5"], "*gpu_regression / --gpu-regression: 'step_time=5'*"
                                        "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
-    (["--gpu-regression=speed:5%"], "*unknown metric 'speed'*known: step_time, peak_vram*"),
+    (["--gpu-regression=speed:5%"],
+     "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
     (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
     (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
     (["--gpu-step-summary=mean"], "*gpu_step_summary / --gpu-step-summary: 'mean' is not a "
                                   "step summary; expected one of min, median*"),
+    (["--gpu-cannot-tell=ignore"], "*gpu_cannot_tell / --gpu-cannot-tell: 'ignore' is not a "
+                                   "policy for 'cannot tell'; expected one of pass, warn, fail "
+                                   "(e.g. warn)*"),
     (["--gpu-save=latest"], "*gpu_save / --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
      "*10 is below gpu_benchmark_min_rounds 50*"),
@@ -599,7 +642,8 @@ def test_xdist_workers_results_saved(project: pytest.Pytester) -> None:
     compared = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
                                             "--gpu-compare=xdist")
     assert compared.ret == 0
-    compared.stdout.fnmatch_lines(["gate passed: 8 cannot tell"])
+    compared.stdout.fnmatch_lines(
+        ["gate passed with a warning: 8 cannot tell (cannot-tell policy: warn)"])
 
 
 def test_history_cli(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
@@ -684,7 +728,8 @@ def test_history_and_compare_find_the_store_of_the_ini_file(
     assert [run["name"] for run in json.loads(history.stdout)] == ["head", "base"]
     compared = command("compare", "base", "head")
     assert compared.returncode == 0, compared.stderr
-    assert "gate passed: 2 cannot tell" in compared.stdout
+    assert ("gate passed with a warning: 2 cannot tell (cannot-tell policy: warn)"
+            in compared.stdout)
     # --store on the command line is relative to the current directory, as --gpu-store is.
     named = command("history", "--store", "../perf/shared.sqlite", "--name", "base", "--json")
     assert named.returncode == 0, named.stderr
@@ -812,6 +857,145 @@ def test_cuda_timer_with_fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(result.clean_step_times()) == 24 - len(flagged)
 
 
+class _QueueEvent:
+    def __init__(self, cuda: _QueueCuda) -> None:
+        self.cuda = cuda
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = self.cuda.enqueue(0.0)
+
+    def synchronize(self) -> None:
+        assert self.at is not None
+        self.cuda.syncs += 1
+        self.cuda.host = max(self.cuda.host, self.at)
+
+    def elapsed_time(self, end: _QueueEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1000.0
+
+
+class _QueueCuda:
+    """A GPU that runs its stream's work in order, each item when the GPU is free and the host
+    has launched it: the host's clock and the GPU's timeline apart, as on a real one."""
+
+    SPIN_RATE = 1e9  # _sleep cycles per second
+
+    def __init__(self) -> None:
+        self.host = 0.0  # the host's clock
+        self.free_at = 0.0  # when the GPU is done with what it was given
+        self.syncs = 0
+
+    def enqueue(self, seconds: float) -> float:
+        begins = max(self.free_at, self.host)
+        self.free_at = begins + seconds
+        return self.free_at
+
+    def Event(self, enable_timing: bool = False) -> _QueueEvent:  # torch's name
+        return _QueueEvent(self)
+
+    def _sleep(self, cycles: int) -> None:
+        self.enqueue(cycles / self.SPIN_RATE)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        self.host = max(self.host, self.free_at)
+
+
+def _launch_bound_step(cuda: _QueueCuda, host_s: list[float], gpu_s: float,
+                       kernels: int = 50, sync: bool = False) -> Callable[[], None]:
+    """A step of ``kernels`` launches: the host spends the next of ``host_s`` on them, the GPU
+    ``gpu_s`` in all; ``sync``: it reads a value back at the end (``.item()``)."""
+    calls = [0]
+
+    def step() -> None:
+        host = host_s[calls[0] % len(host_s)]
+        calls[0] += 1
+        for _ in range(kernels):
+            cuda.host += host / kernels
+            cuda.enqueue(gpu_s / kernels)
+        if sync:
+            cuda.synchronize()
+    return step
+
+
+def test_gpu_time_of_a_launch_bound_step_leaves_out_the_hosts_pace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch-bound step: the host needs 10-16 ms a step (a busy host, another pace every
+    round), the GPU 6 ms. Its rounds run at the host's pace; queued behind a spin kernel they
+    time the GPU's 6 ms, whatever the host did, with no synchronisation per round."""
+    from types import SimpleNamespace
+
+    from pytest_gputrain.regression import benchmark
+
+    cuda = _QueueCuda()
+    monkeypatch.setattr(benchmark, "_clock", lambda: cuda.host)
+    torch = SimpleNamespace(cuda=cuda)
+    step = _launch_bound_step(cuda, [0.010, 0.016, 0.012], 0.006)
+    times = benchmark.queued_gpu_times(torch, step, (), {}, 30, round_seconds=0.012)
+    assert times is not None and len(times) == 30
+    assert times == [pytest.approx(0.006)] * 30
+    assert cuda.syncs == 3  # the calibration's, the reference event's, the end's
+    # Timed back to back instead, a round takes the host's 10 ms (and its last kernel).
+    start, end = cuda.Event(), cuda.Event()
+    start.record()
+    step()
+    end.record()
+    assert start.elapsed_time(end) / 1000 == pytest.approx(0.010 + 0.006 / 50)
+
+    # A spin too short for the host's pace: the GPU starts before the step is queued, so
+    # those rounds have no GPU time rather than one with the host's gaps in it.
+    assert benchmark.queued_gpu_times(torch, step, (), {}, 3, round_seconds=0.004) == [None] * 3
+    # A step that synchronises itself is never queued ahead of the GPU.
+    synced = _launch_bound_step(cuda, [0.002], 0.006, sync=True)
+    assert benchmark.queued_gpu_times(torch, synced, (), {}, 10, 0.006) == [None] * 10
+    # A torch without the spin kernel: no GPU time at all.
+    assert benchmark.queued_gpu_times(SimpleNamespace(cuda=SimpleNamespace()), step, (), {},
+                                      10, 0.01) is None
+
+
+def test_gpu_time_is_a_metric_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saved with the result, summarised per session like the step time (its queued rounds
+    only), gated as ``gpu_time``, and shown in the benchmarks table."""
+    from pytest_gputrain.regression.benchmark import BenchmarkOptions, BenchmarkResult, measure
+    from pytest_gputrain.regression.compare import (
+        GateReport,
+        GateSettings,
+        as_record,
+        compare_test,
+        session_value,
+    )
+    from pytest_gputrain.regression.output import terminal_lines
+
+    def session(gpu: float, host: float) -> BenchmarkResult:
+        queued: list[float | None] = [gpu * (1 + 0.0001 * (i % 5)) for i in range(30)]
+        queued[3] = None  # not queued in time
+        return BenchmarkResult("t::a", "cuda:0", "cuda_event", 5, [host] * 40, [100],
+                               throttled=[False] * 40, gpu_time=queued,
+                               fingerprint={"device_type": "cuda"})
+
+    record = as_record(session(0.006, 0.010))
+    assert session_value(record, "gpu_time") == (pytest.approx(0.006), 0)
+    assert session_value(record, "gpu_time", "median") == (pytest.approx(0.0060012), 0)
+    again = BenchmarkResult.from_record(session(0.006, 0.010).to_record())
+    assert again.gpu_time is not None and again.gpu_time[3] is None
+    assert again.summary()["gpu_time"]["queued"] == 29
+    # The host's pace wanders from 10 to 13 ms between sessions; the GPU's 2 % shows.
+    baseline = [as_record(session(0.006, host)) for host in (0.010, 0.013, 0.011, 0.0125)]
+    slowed = [as_record(session(0.00612, host)) for host in (0.0105, 0.0102, 0.0128, 0.011)]
+    gate = GateSettings({"step_time": 0.01, "gpu_time": 0.01})
+    rows = {r.metric: r for r in compare_test("t::a", baseline, slowed, gate)}
+    assert rows["gpu_time"].verdict == "regression"
+    assert rows["step_time"].verdict == "cannot_tell"
+    report = GateReport(gate, benchmarks=[session(0.006, 0.010)])
+    table = "\n".join(line for line, _ in terminal_lines(report))
+    assert "GPU time" in table and "6.001 ms (29/30 queued)" in table
+    # On the CPU there is no GPU time to measure.
+    options = BenchmarkOptions(warmup=0, min_rounds=2, max_rounds=2)
+    assert measure(lambda: None, device="cpu", gpu_time=True, fingerprint=False,
+                   options=options).gpu_time is None
+
+
 def test_samples_for_rounds_counts_back_from_each_synchronisation() -> None:
     from pytest_gputrain.regression.benchmark import samples_for_rounds
 
@@ -926,7 +1110,8 @@ def test_fastest_step_summary_sees_a_slowdown_of_every_step() -> None:
     by_median = GateSettings({"step_time": 0.025}, step_summary="median")
     (noisy,) = compare_test("t::a", baseline,
                             [session(1.05), session(1.051, busy=60), session(1.049)], by_median)
-    assert noisy.verdict == "ok"  # the busy sessions' medians swamp the 5 %
+    # The busy sessions' medians swamp the 5 %: it cannot tell, and does not say "ok".
+    assert noisy.verdict == "cannot_tell"
 
 
 def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
@@ -938,9 +1123,10 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
         "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
         "*--gpu-benchmark-skip*",
     ])
-    result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*"])
+    result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*",
+                                 "*--gpu-cannot-tell=pass|warn|fail*"])
     for ini in ("gpu_save", "gpu_compare", "gpu_regression", "gpu_alpha", "gpu_compare_force",
-                "gpu_step_summary",
+                "gpu_step_summary", "gpu_cannot_tell",
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
                 "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip"):
@@ -1093,6 +1279,64 @@ def test_recipe_passes_unchanged_code(project: pytest.Pytester, monkeypatch: pyt
     assert "improved" not in out and "REGRESSION" not in out
 
 
+@pytest.mark.parametrize(("factor", "decided"), [(1.0, 0), (1.03, 1)])
+def test_sequential_recipe_adds_pairs_until_decided(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], factor: float, decided: int) -> None:
+    """The loop of docs/regression.md: a pair of sessions, then compare --max-sessions; exit 3
+    asks for another pair (first: the spread is unknown; then: this many a side would
+    decide), until the verdict is decided (0: ok, 1: regression) within the budget."""
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    statuses, outputs = [], []
+    for pair in range(8):
+        for name, scale in (("base", 1.0), ("head", factor)):
+            result = run(project, monkeypatch, f"--gpu-save={name}", f"--gpu-store={store}",
+                         factor=scale, seed=2000 + 2 * pair + (name == "head"))
+            assert result.ret == 0, result.stdout.str()
+        capsys.readouterr()
+        statuses.append(compare_main("base", "head", "--store", store, "--regression",
+                                     "step_time:1%", "--max-sessions", "8"))
+        outputs.append(capsys.readouterr().out)
+        if statuses[-1] != 3:
+            break
+    assert statuses[0] == 3 and statuses[-1] == decided and set(statuses[:-1]) == {3}
+    assert 2 <= len(statuses) <= 8
+    assert "more sessions would decide: 2 a side (budget 8); run another pair" in outputs[0]
+    final = outputs[-1]
+    assert "cannot tell" not in final.splitlines()[-2:]
+    assert ("decided: a regression" if decided else "decided: no more sessions needed") in final
+
+
+def test_sequential_recipe_stops_when_the_budget_cannot_decide(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A threshold the sessions' spread could only resolve with more sessions than the
+    budget: no exit 3, the policy decides at once (and JSON says how many would do)."""
+    store = str(project.path / "perf" / "benchmarks.sqlite")
+    interleaved(project, monkeypatch, store, 2, candidate_factor=1.0)
+    capsys.readouterr()
+    args = ("base", "head", "--store", store, "--regression", "step_time:0.1%",
+            "--max-sessions", "3")
+    assert compare_main(*args) == 0
+    out = capsys.readouterr().out
+    assert "no more sessions within the budget of 3 a side would decide; the 'cannot tell' " \
+           "policy (warn) applies" in out
+    assert "gate passed with a warning: 2 cannot tell" in out
+    assert compare_main(*args, "--cannot-tell", "fail", "--format", "json") == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["cannot_tell"]["more_sessions"] is False
+    assert document["cannot_tell"]["session_budget"] == 3
+    for row in document["comparisons"]:
+        assert row["verdict"] == "cannot_tell" and row["sessions_to_decide"] > 3
+        assert row["resolution"] > 0.001
+    for bad, message in (("1", "'1' must lie between 2 and 1000; e.g. --max-sessions 8"),
+                         ("many", "'many' is not a whole number of sessions a side")):
+        with pytest.raises(SystemExit) as exited:
+            compare_main(*args[:-1], bad)
+        assert exited.value.code == 2
+        assert f"argument --max-sessions: {message}" in capsys.readouterr().err
+
+
 def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     store = str(project.path / "perf" / "benchmarks.sqlite")
@@ -1114,7 +1358,9 @@ def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.Mo
     assert "--step-summary: invalid choice: 'mean'" in capsys.readouterr().err
     # One session a side: it cannot tell, and passes.
     assert compare_main("base", "head", "--store", store) == 0
-    assert "gate passed: 2 cannot tell" in capsys.readouterr().out
+    warned = capsys.readouterr()
+    assert "gate passed with a warning: 2 cannot tell (cannot-tell policy: warn)" in warned.out
+    assert "warning: cannot tell for 2 metric(s)" in warned.err
     monkeypatch.chdir(project.path)
     assert compare_main("base", "head") == 2  # no .gputrain/benchmarks.sqlite near here
     assert "no benchmark store found" in capsys.readouterr().err

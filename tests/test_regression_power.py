@@ -148,6 +148,76 @@ def _replay(saved: Path, *argv: str) -> str:
     return completed.stdout
 
 
+def _synthetic_run(path: Path, seed: int = 7) -> None:
+    """A --json file as an H200 run would write it, from synthetic sessions: 24 unchanged and 12
+    slowed (2 %) sessions of each step. The launch-bound step's sessions run at a busy host's
+    pace, their fastest steps 10 % apart (the issue's 7.4-10.4 ms), while the GPU's own time
+    per step stays within 0.1 %; the GPU-bound step's spread 0.07 % either way."""
+    import math
+    import random
+
+    rng = random.Random(seed)
+    fingerprint = {"device_type": "cuda", "gpu_name": "NVIDIA H200 (synthetic)"}
+    run_id = iter(range(1, 1000))
+
+    def session(step_s: float, gpu_s: float, spread: float, gpu_spread: float
+                ) -> dict[str, object]:
+        pace = step_s * math.exp(rng.gauss(0, spread))
+        gpu = gpu_s * math.exp(rng.gauss(0, gpu_spread))
+        return {"run_id": next(run_id), "wall": 12.0, "pid": 0, "conditions": {},
+                "fingerprint": fingerprint, "median": pace * 1.01,
+                "round_times": [pace * (1 + 0.02 * rng.random()) for _ in range(30)],
+                "gpu_times": [gpu * (1 + 0.0005 * rng.random()) for _ in range(30)]}
+
+    steps = {}
+    for step, step_s, gpu_s, spread, gpu_spread in (("launch", 0.0085, 0.0060, 0.10, 0.001),
+                                                    ("gpu", 0.0077, 0.0077, 0.0007, 0.0007)):
+        steps[step] = {
+            "description": f"{step} (synthetic)", "how": "2 % more work on the GPU and host",
+            "calibration": {"median": step_s, "wall": 12.0, "fingerprint": fingerprint},
+            "pool": {"unchanged": [session(step_s, gpu_s, spread, gpu_spread)
+                                   for _ in range(24)],
+                     "slowed": [session(step_s * 1.02, gpu_s * 1.02, spread, gpu_spread)
+                                for _ in range(12)]}}
+    path.write_text(json.dumps({"devices": ["cuda:0"], "rounds": 30, "slowdown": 0.02,
+                                "cold": True, "steps": steps}))
+
+
+def test_two_percent_at_one_percent_counts_cannot_tell_apart(tmp_path: Path) -> None:
+    """The issue's case replayed on synthetic sessions of both steps: a 2 % slowdown, a 1 %
+    threshold, 4 sessions a side and the sequential recipe up to 8. On the busy host the
+    launch-bound step's fastest steps cannot tell (never "ok": HONEST), its GPU time catches
+    the slowdown; the GPU-bound step passes either way."""
+    saved = tmp_path / "synthetic.json"
+    _synthetic_run(saved)
+    out = tmp_path / "replayed.json"
+    text = _replay(saved, "--threshold", "0.01", "--sessions", "4", "--trials", "20",
+                   "--sequential", "8", "--json", str(out))
+    assert "power for a 2 % slowdown: " in text and "missed as 'ok': 0" in text
+    assert "session summaries compared (4 a side, gate 1 %, the same draws):" in text
+    assert "sequential recipe (a pair at a time until the gate decides, at most 8 a side)" in text
+    steps = json.loads(out.read_text())["steps"]
+    launch, gpu = steps["launch"], steps["gpu"]
+    assert launch["result"] == "HONEST" and launch["missed_ok"] == 0
+    assert launch["cannot_tell"] + launch["caught"] == 20
+    assert launch["false_alarms"] <= 1
+    by_summary = {(a["metric"], a["step_summary"]): a for a in launch["alternatives"]}
+    assert set(by_summary) == {("step_time", "min"), ("step_time", "median"),
+                               ("gpu_time", "min"), ("gpu_time", "median")}
+    assert by_summary[("gpu_time", "min")]["result"] == "PASS"
+    assert by_summary[("gpu_time", "min")]["caught"] == 20
+    assert by_summary[("step_time", "min")]["missed_ok"] == 0
+    assert launch["sequential"]["missed_ok"] == 0
+    assert max(launch["sequential"]["sessions_used"]) <= 8
+    assert gpu["result"] == "PASS" and gpu["caught"] == 20 and gpu["false_alarms"] == 0
+    assert gpu["sequential"]["caught"] == 20
+    assert max(gpu["sequential"]["sessions_used"]) <= 3  # decided at once
+    # Gated on the GPU's time, the launch-bound step passes too.
+    by_gpu = _replay(saved, "--threshold", "0.01", "--sessions", "4", "--trials", "20",
+                     "--metric", "gpu_time")
+    assert "gate gpu_time:1 %" in by_gpu and "overall: PASS" in by_gpu
+
+
 def test_replay_of_a_file_that_is_not_a_run(tmp_path: Path) -> None:
     bad = tmp_path / "other.json"
     bad.write_text('{"kind": "something else"}')

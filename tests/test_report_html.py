@@ -289,3 +289,30 @@ def test_pytest_writes_the_page_with_every_test_s_outcome(
         "test_suite.py::test_skipped": "skipped"}
     assert "Steps and DataLoader waits" in json.dumps(
         json.loads(re.search(r'id="gputrain-data">(.*?)</script>', page, re.S).group(1)))  # type: ignore[union-attr]
+
+
+def test_the_benchmarks_section_counts_cannot_tell_apart_from_ok() -> None:
+    """The gate's verdicts on the page: counted by kind, "cannot tell" beside "ok", with the
+    policy that applied, and each comparison's verdict in words."""
+    from dataclasses import replace
+
+    case = report_cases.benchmark_comparison()
+    page = report_html(case.report(), case.facts)
+    assert "1 regression" in page and "step_time: REGRESSION" in page
+    assert "cannot-tell policy" not in page
+
+    from pytest_gputrain.regression.compare import GateReport, GateSettings, MetricComparison
+    from pytest_gputrain.regression.output import report_json
+
+    decided = MetricComparison(nodeid="t::a", metric="step_time", verdict="ok",
+                               threshold=0.01, reason="resolved")
+    untold = replace(decided, nodeid="t::b", verdict="cannot_tell", sessions_to_decide=12,
+                     reason="12 session(s) a side would decide")
+    gate = GateReport(GateSettings({"step_time": 0.01}), comparisons=[decided, untold],
+                      compare_spec="base")
+    section = report_json(gate)
+    untold_page = report_html(report_cases.Case("x", case.facts, {"benchmarks": section})
+                              .report(), case.facts)
+    assert re.search(r"1 ok,\s*1 cannot tell\s*\(cannot-tell policy: warn\)", untold_page)
+    assert "step_time: CANNOT TELL" in untold_page
+

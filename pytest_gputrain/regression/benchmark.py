@@ -17,6 +17,18 @@ after the warm-up and after the first read), so ``peak_vram`` has one value per 
 Each result also records the conditions of its process (``conditions``: cuDNN autotuning, TF32,
 an earlier profiler, the SM clock) that make two sessions of the same code unlike.
 
+**GPU time per step** (``gpu_time=True``; the gate's ``gpu_time`` metric). On a busy host a
+launch-bound step runs at the host's pace, and that pace changes from one process to the next;
+the GPU's own work for the step does not. After the timed rounds, ``min_rounds`` more rounds
+each run behind a GPU spin kernel (``torch.cuda._sleep``) about twice as long as a round, so
+that the host has queued the whole step before the GPU starts it: the step's kernels then run
+back to back, and the CUDA events around it time the GPU's work without the gaps where it waited
+for launches. Still no synchronisation per round: each round's host time when the step was
+queued is kept, the events are read at the end, and a round counts only if the host had queued
+it before the GPU began it (the events placed on the host's clock from one event synchronised
+before the phase); a step that synchronises itself (``.item()``) is never queued, and has no
+GPU time.
+
 On the CPU (no CUDA, or ``device="cpu"``) the host timer ``time.perf_counter`` brackets each call.
 
 Import is light: torch and NVML are imported on first use.
@@ -37,10 +49,16 @@ from pytest_gputrain.units import shown
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)
 
-METRICS = ("step_time", "peak_vram")
+METRICS = ("step_time", "gpu_time", "peak_vram")
 # The sampler thread holds the GIL briefly at every sample; on a launch-bound step that is
 # time taken from the step, so samples stay few (13 rounds of a 7.5 ms step per sample).
 SAMPLE_INTERVAL_S = 0.1
+# GPU time: the spin before each queued round lasts this many rounds of the timed phase, and a
+# round counts as queued when the host was done this long before the GPU began it (the slack
+# covers the moment between the reference event and the host seeing it).
+SPIN_ROUNDS = 2.0
+QUEUE_SLACK_S = 200e-6
+CALIBRATION_CYCLES = 1_000_000
 
 
 class BenchmarkDisabledError(RuntimeError):
@@ -102,7 +120,9 @@ class BenchmarkResult:
 
     Per-round lists have one entry a round; NVML values are ``None`` where no sample answered.
     ``throttled[i]`` marks rounds left out of step-time comparisons. ``peak_vram`` has one value
-    per phase of the run (see the module docstring). A ``disabled`` result (the step called once,
+    per phase of the run (see the module docstring). ``gpu_time`` has one value per queued
+    round (``None`` for a round the host had not queued in time), or is ``None`` when not
+    measured. A ``disabled`` result (the step called once,
     untimed) has no rounds, and its statistics raise ``BenchmarkDisabledError``.
     """
 
@@ -118,6 +138,7 @@ class BenchmarkResult:
     throttled: list[bool] = field(default_factory=list)
     fingerprint: dict[str, Any] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)
+    gpu_time: list[float | None] | None = None
     disabled: bool = False
     returned: Any = field(default=None, repr=False, compare=False)  # the step's last value
 
@@ -172,6 +193,11 @@ class BenchmarkResult:
         return high - low
 
     @property
+    def gpu_times(self) -> list[float]:
+        """GPU time per step of the rounds that were queued in time (empty: not measured)."""
+        return [t for t in self.gpu_time or [] if t is not None]
+
+    @property
     def peak_vram_max(self) -> int | None:
         return max(self.peak_vram) if self.peak_vram else None
 
@@ -186,6 +212,8 @@ class BenchmarkResult:
             return self.clean_step_times() if clean else list(self._times())
         if name == "peak_vram":
             return [float(v) for v in self.peak_vram] if self.peak_vram else None
+        if name == "gpu_time":
+            return self.gpu_times or None
         raise KeyError(name)
 
     def summary(self) -> dict[str, Any]:
@@ -208,6 +236,11 @@ class BenchmarkResult:
         if self.peak_vram:
             out["peak_vram"] = {"median": stats.median([float(v) for v in self.peak_vram]),
                                 "max": self.peak_vram_max}
+        if self.gpu_time is not None:
+            queued = self.gpu_times
+            out["gpu_time"] = {"rounds": len(self.gpu_time), "queued": len(queued),
+                               "median": stats.median(queued) if queued else None,
+                               "min": min(queued) if queued else None}
         clocks = [c for c in self.sm_clock or [] if c is not None]
         out["sm_clock_median"] = stats.median(clocks) if clocks else None
         return out
@@ -220,6 +253,7 @@ class BenchmarkResult:
             "sm_clock": self.sm_clock,
             "clock_event_reasons": self.clock_event_reasons,
             "throttled": self.throttled,
+            "gpu_time": self.gpu_time,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -243,6 +277,7 @@ class BenchmarkResult:
             sm_clock=metrics.get("sm_clock"),
             clock_event_reasons=metrics.get("clock_event_reasons"),
             throttled=[bool(v) for v in metrics.get("throttled") or []],
+            gpu_time=metrics.get("gpu_time"),
             fingerprint=dict(record.get("fingerprint") or {}),
             conditions=dict(summary.get("conditions") or {}),
         )
@@ -334,8 +369,9 @@ def samples_for_rounds(times: list[float], phases: list[tuple[int, int, float]],
 def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
             kwargs: dict[str, Any] | None = None, *, options: BenchmarkOptions | None = None,
             device: object = None, nvml: bool = True, nodeid: str = "",
-            fingerprint: bool = True) -> BenchmarkResult:
-    """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds; see the module docstring."""
+            fingerprint: bool = True, gpu_time: bool = False) -> BenchmarkResult:
+    """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds, and with ``gpu_time`` (CUDA
+    only) the queued rounds that time the GPU's work; see the module docstring."""
     from pytest_gputrain.regression import process_state
 
     options = options or BenchmarkOptions()
@@ -347,6 +383,10 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
     else:
         result = _measure_cuda(torch, int(name.split(":")[1]), fn, args, kwargs, options, nvml,
                                nodeid)
+        if gpu_time:
+            with torch.cuda.device(int(name.split(":")[1])):
+                result.gpu_time = queued_gpu_times(torch, fn, args, kwargs, options.min_rounds,
+                                                   _host_seconds_per_round(result))
         clocks = [c for c in result.sm_clock or [] if c is not None]
         result.conditions = process_state.read(torch)
         result.conditions["sm_clock_median"] = stats.median(clocks) if clocks else None
@@ -447,25 +487,83 @@ def _measure_cuda(torch: Any, index: int, fn: Callable[..., Any], args: tuple[An
     )
 
 
+def _host_seconds_per_round(result: BenchmarkResult) -> float:
+    """The pace of the timed rounds (the slower of host and GPU), from their median."""
+    return stats.median(result.step_time)
+
+
+def spin_cycles_per_second(torch: Any) -> float | None:
+    """How many ``torch.cuda._sleep`` cycles the GPU spins per second (one synchronisation);
+    ``None`` when this torch has no ``_sleep``."""
+    cuda = torch.cuda
+    spin = getattr(cuda, "_sleep", None)
+    if spin is None:
+        return None
+    start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+    spin(CALIBRATION_CYCLES)  # the first launch of the kernel loads it
+    start.record()
+    spin(CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000.0
+    return CALIBRATION_CYCLES / seconds if seconds > 0 else None
+
+
+def queued_gpu_times(torch: Any, fn: Callable[..., Any], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], rounds: int, round_seconds: float
+                     ) -> list[float | None] | None:
+    """GPU time per step of ``rounds`` rounds, each queued behind a spin kernel of
+    ``SPIN_ROUNDS * round_seconds`` (see the module docstring); ``None`` per round the host had
+    not queued before the GPU began it, and ``None`` altogether when the GPU cannot spin."""
+    cuda = torch.cuda
+    per_second = spin_cycles_per_second(torch)
+    if per_second is None:
+        return None
+    cycles = max(int(SPIN_ROUNDS * round_seconds * per_second), 1)
+    starts = [cuda.Event(enable_timing=True) for _ in range(rounds)]
+    ends = [cuda.Event(enable_timing=True) for _ in range(rounds)]
+    queued_at = [0.0] * rounds
+    reference = cuda.Event(enable_timing=True)
+    reference.record()
+    reference.synchronize()
+    origin = _clock()  # the GPU passed ``reference`` at or just before this moment
+    for i in range(rounds):
+        cuda._sleep(cycles)
+        starts[i].record()
+        fn(*args, **kwargs)
+        queued_at[i] = _clock()
+        ends[i].record()
+    ends[rounds - 1].synchronize()
+    times: list[float | None] = []
+    for i in range(rounds):
+        began = origin + reference.elapsed_time(starts[i]) / 1000.0
+        queued = queued_at[i] + QUEUE_SLACK_S <= began
+        times.append(starts[i].elapsed_time(ends[i]) / 1000.0 if queued else None)
+    return times
+
+
 class GpuBenchmark:
     """The ``gpu_benchmark`` fixture: call it once with the step to time.
 
     ``gpu_benchmark(step, *args, rounds=50, warmup=5)`` returns a ``BenchmarkResult``; the
     result is kept for the session's table, ``--gpu-save`` and ``--gpu-compare``. With
-    ``disabled`` (``--gpu-benchmark-disable``) the step is called once, untimed.
+    ``disabled`` (``--gpu-benchmark-disable``) the step is called once, untimed. ``gpu_time``
+    (default: whether the gate gates ``gpu_time``) adds the queued rounds that time the GPU's
+    work per step.
     """
 
     def __init__(self, nodeid: str, defaults: BenchmarkOptions | None = None, *,
-                 disabled: bool = False) -> None:
+                 disabled: bool = False, gpu_time: bool = False) -> None:
         self.nodeid = nodeid
         self.defaults = defaults or BenchmarkOptions()
         self.disabled = disabled
+        self.gpu_time = gpu_time
         self.result: BenchmarkResult | None = None
 
     def __call__(self, fn: Callable[..., Any], *args: Any, rounds: int | None = None,
                  warmup: int | None = None, min_rounds: int | None = None,
                  max_rounds: int | None = None, max_time: float | None = None,
-                 device: object = None, nvml: bool = True,
+                 device: object = None, nvml: bool = True, gpu_time: bool | None = None,
                  kwargs: dict[str, Any] | None = None) -> BenchmarkResult:
         if self.result is not None:
             raise RuntimeError("gpu_benchmark can time one step per test; split the test or "
@@ -479,5 +577,6 @@ class GpuBenchmark:
             self.result = run_untimed(fn, args, kwargs, nodeid=self.nodeid)
         else:
             self.result = measure(fn, args, kwargs, options=options, device=device, nvml=nvml,
-                                  nodeid=self.nodeid)
+                                  nodeid=self.nodeid,
+                                  gpu_time=self.gpu_time if gpu_time is None else gpu_time)
         return self.result

@@ -3,7 +3,8 @@
 A side is one or more sessions (saved runs, or this pytest session) of one code version. Per
 test: the fingerprints are compared first (different strict fields: "not comparable", unless
 forced); each session is summarised by one value per metric (step time: its fastest clean
-round, or their median; peak VRAM: its largest peak); then ``stats.compare_sessions`` decides
+round, or their median; GPU time per step: the same of its queued rounds; peak VRAM: its
+largest peak); then ``stats.compare_sessions`` decides
 over the sessions, with the spread between sessions taken from each side's replicate sessions
 and from the store's history of the test in the same environment. The conditions of the sessions
 (cuDNN autotuning, an earlier profiler, clocks) are compared too, and a difference is named in
@@ -19,7 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
-from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMMARY
+from pytest_gputrain.regression.settings import (
+    DEFAULT_ALPHA,
+    DEFAULT_CANNOT_TELL,
+    DEFAULT_STEP_SUMMARY,
+)
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:
@@ -50,6 +55,7 @@ class GateSettings:
     alpha: float = DEFAULT_ALPHA
     force: bool = False
     step_summary: str = DEFAULT_STEP_SUMMARY  # "min" or "median" (settings.STEP_SUMMARIES)
+    cannot_tell: str = DEFAULT_CANNOT_TELL  # "pass", "warn" or "fail" (settings.CANNOT_TELL)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class MetricComparison:
     change: float | None = None
     p_value: float | None = None
     detectable: float | None = None
+    resolution: float | None = None  # smallest change significant 95 % of the time
+    sessions_to_decide: int | None = None  # for "cannot tell": sessions a side that would decide
     spread: float | None = None
     spread_df: int = 0
     spread_df_sides: int = 0
@@ -108,7 +116,8 @@ class MetricComparison:
                         "stray": self.current_stray,
                         "throttled_rounds": self.current_throttled},
             "change": self.change, "p_value": self.p_value,
-            "detectable_change": self.detectable,
+            "detectable_change": self.detectable, "resolution": self.resolution,
+            "sessions_to_decide": self.sessions_to_decide,
             "spread": {"relative_sd": self.spread, "df": self.spread_df,
                        "df_sides": self.spread_df_sides, "df_history": self.spread_df_history,
                        "history_groups": self.history_groups},
@@ -142,6 +151,7 @@ class GateReport:
     baseline_runs: list[RunInfo] = field(default_factory=list)
     current_runs: list[RunInfo] = field(default_factory=list)  # empty: this pytest session
     current_spec: str | None = None
+    session_budget: int | None = None  # the sequential recipe's most sessions a side
     comparisons: list[MetricComparison] = field(default_factory=list)
     drifts: list[ReportedDrift] = field(default_factory=list)  # against a look-back window
     saved_run: RunInfo | None = None
@@ -158,8 +168,37 @@ class GateReport:
         return [c for c in self.comparisons if c.verdict == "regression"]
 
     @property
+    def undecided(self) -> list[MetricComparison]:
+        """The comparisons that cannot tell: their sessions could not see a change of the
+        threshold's size, or gave no spread at all."""
+        return [c for c in self.comparisons if c.verdict == "cannot_tell"]
+
+    @property
     def failed(self) -> bool:
-        return bool(self.regressions)
+        """A regression, or a "cannot tell" under the policy ``fail``."""
+        return bool(self.regressions) or (self.settings.cannot_tell == "fail"
+                                          and bool(self.undecided))
+
+    @property
+    def warned(self) -> bool:
+        """Passed, with a "cannot tell" that the policy ``warn`` shows as a warning."""
+        return not self.failed and self.settings.cannot_tell == "warn" and bool(self.undecided)
+
+    def sessions_to_decide(self, budget: int) -> int | None:
+        """For the sequential recipe (add a pair of sessions, compare again): how many sessions
+        a side would decide the comparisons that cannot tell yet, when more sessions within
+        ``budget`` a side would decide one of them; else ``None`` (nothing undecided, a
+        regression found, or no number within the budget would do). A spread still unknown
+        (one session a side) asks for one more."""
+        if self.regressions:
+            return None
+        wanted = []
+        for c in self.undecided:
+            have = min(c.baseline_sessions, c.current_sessions)
+            need = c.sessions_to_decide if c.spread is not None else have + 1
+            if need is not None and have < need <= budget:
+                wanted.append(need)
+        return min(wanted) if wanted else None
 
     def mismatches(self) -> dict[str, tuple[FieldDifference, ...]]:
         """Tests whose baseline fingerprint differs (strict fields), with the differences."""
@@ -181,7 +220,8 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     """One session's summary of a metric, and how many throttled rounds it left out.
 
     Step time: the fastest clean round, or their median with ``step_summary="median"`` (None
-    with fewer than ``stats.MIN_ROUNDS`` clean rounds); peak VRAM: the largest peak of the
+    with fewer than ``stats.MIN_ROUNDS`` clean rounds); GPU time: the same over the rounds that
+    were queued in time (``None`` entries are the others); peak VRAM: the largest peak of the
     session. The fastest round is the default because what slows a round besides the code (a
     host busy with other work, so a launch-bound step waits for its launches; a neighbour on the
     GPU) only ever adds time, and comes and goes within a session: on the H200 the median of a
@@ -191,6 +231,11 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     values = record.metrics.get(metric)
     if not values:
         return None, 0
+    if metric == "gpu_time":
+        queued = [float(v) for v in values if v is not None]
+        if len(queued) < stats.MIN_ROUNDS:
+            return None, 0
+        return (min(queued) if step_summary == "min" else stats.median(queued)), 0
     numbers = [float(v) for v in values]
     if metric != "step_time":
         return max(numbers), 0
@@ -303,6 +348,7 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
             nodeid, metric, decision.verdict,
             baseline_value=decision.baseline, current_value=decision.current,
             change=decision.change, p_value=decision.p_value, detectable=decision.detectable,
+            resolution=decision.resolution, sessions_to_decide=decision.sessions_to_decide,
             spread=spread.sd, spread_df=spread.df, spread_df_sides=spread.df_sides,
             spread_df_history=spread.df_history, history_groups=spread.history_groups,
             baseline_stray=decision.baseline_stray, current_stray=decision.current_stray,

@@ -2,15 +2,17 @@
 
     python -m pytest_gputrain compare main pr-123 [--store PATH|URL] [--format text|md|json]
         [--regression "step_time:2.5%,peak_vram:2%"] [--alpha 0.01] [--step-summary min]
-        [--lookback N] [--force]
+        [--lookback N] [--cannot-tell pass|warn|fail] [--max-sessions N] [--force]
 
 Each side is every session saved under its name at the newest commit of that name, in one
 environment (``NAME``), or one run (``#ID``); ``latest`` is the newest run's sessions. This is
 how CI compares after running interleaved sessions of the base and the candidate (the recipe in
 docs/regression.md). ``--lookback N`` also compares CURRENT with the level of BASELINE's branch
 over its newest N sessions and reports a drift no single comparison shows (``drift``). Exit
-status: 0 when the gate passes, 1 on a regression, 2 when the store or the arguments cannot be
-used.
+status: 0 when the gate passes, 1 on a regression (or a "cannot tell" under
+``--cannot-tell fail``), 2 when the store or the arguments cannot be used, and with
+``--max-sessions N`` (the sequential recipe) 3 while a "cannot tell" would be decided by
+more sessions, N a side at most: run another pair of sessions and compare again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import sys
 from typing import Any
 
+from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.compare import (
     GateReport,
@@ -30,7 +33,9 @@ from pytest_gputrain.regression.compare import (
 from pytest_gputrain.regression.history import add_store_argument, locate
 from pytest_gputrain.regression.history_errors import HistoryError
 from pytest_gputrain.regression.settings import (
+    CANNOT_TELL,
     DEFAULT_ALPHA,
+    DEFAULT_CANNOT_TELL,
     DEFAULT_REGRESSION,
     DEFAULT_STEP_SUMMARY,
     MAX_LOOKBACK,
@@ -38,10 +43,16 @@ from pytest_gputrain.regression.settings import (
     REGRESSION_EXAMPLE,
     STEP_SUMMARIES,
     parse_alpha,
+    parse_cannot_tell,
     parse_thresholds,
 )
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
 from pytest_gputrain.regression.store_backends import open_store
+
+# The exit status that asks the sequential recipe for another pair of sessions.
+MORE_SESSIONS = 3
+# The most sessions a side --max-sessions accepts: past it, a value is a typo.
+MOST_SESSIONS_BUDGET = 1_000
 
 
 class CompareError(Exception):
@@ -69,6 +80,16 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="also compare CURRENT with BASELINE's branch level over its newest "
                              "N sessions and report a drift no single comparison shows (needs "
                              f"ruptures; N from {MIN_LOOKBACK} to {MAX_LOOKBACK})")
+    parser.add_argument("--cannot-tell", choices=CANNOT_TELL, default=None,
+                        help="when the sessions could not see a change of the threshold's "
+                             "size: pass (exit 0), warn (exit 0, with a warning) or fail (exit "
+                             "1); default: the gpu_cannot_tell of the project's ini file, else "
+                             f"{DEFAULT_CANNOT_TELL}")
+    parser.add_argument("--max-sessions", metavar="N", type=_budget, default=None,
+                        help="the sequential recipe: the most sessions a side you will run. "
+                             f"Exit {MORE_SESSIONS} while a 'cannot tell' would be decided by "
+                             "more sessions, N a side at most (run another pair and compare "
+                             "again); otherwise exit as without it")
     parser.add_argument("--force", action="store_true",
                         help="compare even when the environment fingerprints differ")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text",
@@ -99,7 +120,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(line)
         for note in report.notes:
             print(note)
+    if report.warned:
+        print(f"pytest_gputrain: warning: cannot tell for {len(report.undecided)} metric(s): "
+              "their sessions could not see a change of the threshold's size "
+              "(--cannot-tell warn)", file=sys.stderr)
+    budget = report.session_budget
+    if budget is not None and report.sessions_to_decide(budget) is not None:
+        return MORE_SESSIONS
     return 1 if report.failed else 0
+
+
+def _budget(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of sessions a side; "
+                                         "e.g. --max-sessions 8") from None
+    if not 2 <= value <= MOST_SESSIONS_BUDGET:
+        raise argparse.ArgumentTypeError(f"{text!r} must lie between 2 and "
+                                         f"{MOST_SESSIONS_BUDGET}; e.g. --max-sessions 8")
+    return value
+
+
+def _policy(args: argparse.Namespace) -> str:
+    """``--cannot-tell``, else the project's ``gpu_cannot_tell``, as pytest run here reads it."""
+    if args.cannot_tell is not None:
+        return str(args.cannot_tell)
+    try:
+        value = read_project_settings(names=("gpu_cannot_tell",)).values["gpu_cannot_tell"]
+    except ProjectSettingsError as exc:
+        raise CompareError(str(exc)) from None
+    if value in (None, ""):
+        return DEFAULT_CANNOT_TELL
+    try:
+        return parse_cannot_tell(value)
+    except ValueError as exc:
+        raise CompareError(f"gpu_cannot_tell (the project's ini file): {exc}") from None
 
 
 def _settings(args: argparse.Namespace) -> GateSettings:
@@ -114,7 +170,7 @@ def _settings(args: argparse.Namespace) -> GateSettings:
         alpha = parse_alpha(args.alpha)
     except ValueError as exc:
         raise CompareError(f"--alpha: {exc}") from None
-    return GateSettings(thresholds, alpha, bool(args.force), args.step_summary)
+    return GateSettings(thresholds, alpha, bool(args.force), args.step_summary, _policy(args))
 
 
 def _compare(args: argparse.Namespace) -> GateReport:
@@ -128,7 +184,8 @@ def _compare(args: argparse.Namespace) -> GateReport:
         except change_points.ChangePointsUnavailable as exc:
             raise CompareError(f"--lookback: {exc}") from None
     with open_store(locate(args.store), create=False) as store:
-        report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current)
+        report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current,
+                            session_budget=args.max_sessions)
         report.current_runs = _select(store, args.current, None)
         prefer = report.current_runs[0].fingerprint_hash
         report.baseline_runs = _select(store, args.baseline, prefer)

@@ -77,7 +77,7 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     """
     results = [BenchmarkResult.from_record(r) for r in records]
     report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force,
-                                     settings.step_summary),
+                                     settings.step_summary, settings.cannot_tell),
                         benchmarks=results, compare_spec=settings.compare,
                         save_name=settings.save)
     _note_profiled(report, results)

@@ -7,6 +7,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_gputrain.regression import stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
@@ -49,6 +50,9 @@ def _verdict(comparison: MetricComparison) -> str:
     label = comparison.label
     if comparison.verdict == "regression" and comparison.threshold is not None:
         label += f" (> {comparison.threshold * 100:g} %)"
+    if comparison.verdict == "cannot_tell" and comparison.spread is not None:
+        needed = comparison.sessions_to_decide
+        label += f" ({needed} a side)" if needed is not None else " (no number a side)"
     if comparison.unlike:
         label += " (unlike)"
     if comparison.forced:
@@ -77,15 +81,42 @@ def comparison_rows(report: GateReport) -> list[tuple[str, ...]]:
     return rows
 
 
+def _gpu_time(result: BenchmarkResult) -> str:
+    """The median GPU time per step, and how many queued rounds it comes from."""
+    if result.gpu_time is None:
+        return "–"
+    queued = result.gpu_times
+    if not queued:
+        return f"– (0/{len(result.gpu_time)} queued)"
+    text = format_duration(stats.median(queued), precise=True)
+    return text if len(queued) == len(result.gpu_time) else \
+        f"{text} ({len(queued)}/{len(result.gpu_time)} queued)"
+
+
+def _measured_gpu_time(report: GateReport) -> bool:
+    return any(b.gpu_time is not None for b in report.benchmarks)
+
+
+def bench_headers(report: GateReport) -> tuple[str, ...]:
+    """The benchmarks table's columns; "GPU time" where some benchmark measured it."""
+    if not _measured_gpu_time(report):
+        return BENCH_HEADERS
+    return (*BENCH_HEADERS[:6], "GPU time", *BENCH_HEADERS[6:])
+
+
 def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    gpu_time = _measured_gpu_time(report)
     for b in sorted(report.benchmarks, key=lambda r: r.nodeid):
         util = b.utilization_mean
-        rows.append((b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
-                     format_duration(b.iqr, precise=True), format_duration(b.min, precise=True),
-                     format_bytes(b.peak_vram_max) if b.peak_vram else "–",
-                     "–" if util is None else f"{util:.0f} %",
-                     f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"))
+        row = [b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
+               format_duration(b.iqr, precise=True), format_duration(b.min, precise=True),
+               format_bytes(b.peak_vram_max) if b.peak_vram else "–",
+               "–" if util is None else f"{util:.0f} %",
+               f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"]
+        if gpu_time:
+            row.insert(6, _gpu_time(b))
+        rows.append(tuple(row))
     return rows
 
 
@@ -112,10 +143,10 @@ def _sides(report: GateReport) -> str:
     return f"{current} compared with {runs_label(report.baseline_runs)}"
 
 
-def _findings(report: GateReport) -> list[tuple[str, str]]:
+def _findings(report: GateReport) -> list[tuple[str, str | None]]:
     """(text, kind) lines after the table: regressions with their reasons, sides that are not
     like for like, environments that differ, and why some tests cannot be told."""
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str | None]] = []
     for c in report.regressions:
         found.append((f"REGRESSION {c.nodeid} {c.metric}: {c.reason}", "red"))
     unlike: dict[str, tuple[str, ...]] = {}
@@ -130,12 +161,28 @@ def _findings(report: GateReport) -> list[tuple[str, str]]:
     for drift in report.drifts:
         found.append((f"DRIFT {drift.nodeid} {drift.metric}: {drift.describe()} (no single "
                       "comparison shows it; not a failure)", "yellow"))
-    untold = [c for c in report.comparisons if c.verdict == "cannot_tell"]
+    untold = report.undecided
     if untold:
         first = untold[0]
         found.append((f"cannot tell ({len(untold)} metric(s)): {first.nodeid} {first.metric} "
-                      f"{first.reason}", "yellow"))
+                      f"{first.reason}", "red" if report.failed else "yellow"))
+    if report.session_budget is not None:
+        found.append((_sequential(report, report.session_budget), None))
     return found
+
+
+def _sequential(report: GateReport, budget: int) -> str:
+    """The sequential recipe's next step: another pair of sessions, or stop."""
+    needed = report.sessions_to_decide(budget)
+    if needed is not None:
+        return (f"more sessions would decide: {needed} a side (budget {budget}); run another "
+                "pair of sessions and compare again (exit status 3)")
+    if report.regressions:
+        return "decided: a regression; no more sessions needed"
+    if report.undecided:
+        return (f"no more sessions within the budget of {budget} a side would decide; the "
+                f"'cannot tell' policy ({report.settings.cannot_tell}) applies")
+    return "decided: no more sessions needed"
 
 
 def compare_lines(report: GateReport) -> list[Line]:
@@ -145,14 +192,25 @@ def compare_lines(report: GateReport) -> list[Line]:
         lines.append((tabulate(comparison_rows(report), headers=COMPARE_HEADERS,
                                disable_numparse=True), {}))
     for text, kind in _findings(report):
-        lines.append((text, {kind: True}))
-    if report.failed:
+        lines.append((text, {kind: True} if kind else {}))
+    lines.append(_outcome(report))
+    return [(printable(text), markup) for text, markup in lines]  # names from the store
+
+
+def _outcome(report: GateReport) -> Line:
+    """The gate's last line: a regression, a "cannot tell" that the policy fails or warns of,
+    or a pass; "cannot tell" is counted apart from "ok" in every case."""
+    policy = f"cannot-tell policy: {report.settings.cannot_tell}"
+    if report.regressions:
         names = ", ".join(f"{c.nodeid} {c.metric} {format_change(c.change)}"
                           for c in report.regressions)
-        lines.append((f"performance regression: {names}", {"red": True, "bold": True}))
-    else:
-        lines.append((f"gate passed: {headline(report)}", {"green": True}))
-    return [(printable(text), markup) for text, markup in lines]  # names from the store
+        return f"performance regression: {names}", {"red": True, "bold": True}
+    if report.failed:
+        return f"gate failed: {headline(report)} ({policy})", {"red": True, "bold": True}
+    if report.warned:
+        return (f"gate passed with a warning: {headline(report)} ({policy})",
+                {"yellow": True, "bold": True})
+    return f"gate passed: {headline(report)}", {"green": True}
 
 
 def has_content(report: GateReport) -> bool:
@@ -165,7 +223,7 @@ def terminal_lines(report: GateReport) -> list[Line]:
     """Lines for the pytest terminal summary."""
     lines: list[Line] = []
     if report.benchmarks:
-        lines.append((tabulate(benchmark_rows(report), headers=BENCH_HEADERS,
+        lines.append((tabulate(benchmark_rows(report), headers=bench_headers(report),
                                disable_numparse=True), {}))
     if report.compare_spec:
         lines.append(("", {}))
@@ -197,7 +255,10 @@ def markdown_body(report: GateReport) -> str:
 def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
     out: list[str] = []
     if report.baseline_runs:
-        status = ("**Regression** :x:" if report.failed else "Passed :white_check_mark:")
+        status = ("**Regression** :x:" if report.regressions else
+                  "**Cannot tell** :x:" if report.failed else
+                  "Passed, but **cannot tell** :warning:" if report.warned else
+                  "Passed :white_check_mark:")
         out.append(f"{status}: {headline(report)}. {_sides(report)}; {_rule(report)}.")
         out.append("")
         if report.comparisons:
@@ -210,13 +271,23 @@ def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
         out.append(f"No saved run matches `{report.compare_spec}`: nothing compared.")
     if report.benchmarks:
         out.extend(["", f"{subheading} Benchmarks", "",
-                    tabulate(benchmark_rows(report), headers=BENCH_HEADERS, tablefmt="github",
-                             disable_numparse=True)])
+                    tabulate(benchmark_rows(report), headers=bench_headers(report),
+                             tablefmt="github", disable_numparse=True)])
     for note in report.notes:
         out.append(f"- {note}")
     if report.saved_run is not None:
         out.append(f"- saved {report.saved_run.label()}")
     return out
+
+
+def cannot_tell_json(report: GateReport) -> dict[str, Any]:
+    """The "cannot tell" comparisons, the policy applied to them, and for the sequential
+    recipe (``compare --max-sessions``) whether more sessions would decide."""
+    budget = report.session_budget
+    needed = report.sessions_to_decide(budget) if budget is not None else None
+    return {"policy": report.settings.cannot_tell, "count": len(report.undecided),
+            "warned": report.warned, "session_budget": budget,
+            "more_sessions": needed is not None, "sessions_to_decide": needed}
 
 
 def report_section(report: GateReport) -> dict[str, Any]:
@@ -229,6 +300,7 @@ def report_section(report: GateReport) -> dict[str, Any]:
                            "commit": run.commit} for run in report.baseline_runs],
         "failed": report.failed,
         "summary": {v: report.count(v) for v in VERDICTS},
+        "cannot_tell": cannot_tell_json(report),
         "comparisons": [c.to_json() for c in report.comparisons],
         "drifts": [d.to_json() for d in report.drifts],
         "notes": list(report.notes),
@@ -266,6 +338,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "settings": {"alpha": report.settings.alpha,
                      "thresholds": report.settings.thresholds,
                      "step_summary": report.settings.step_summary,
+                     "cannot_tell": report.settings.cannot_tell,
                      "force": report.settings.force, "compare": report.compare_spec},
         "baseline": {"spec": report.compare_spec,
                      "runs": [run.to_json() for run in report.baseline_runs]},
@@ -276,6 +349,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "comparisons": [c.to_json() for c in report.comparisons],
         "drifts": [d.to_json() for d in report.drifts],
         "summary": {v: report.count(v) for v in VERDICTS},
+        "cannot_tell": cannot_tell_json(report),
         "notes": list(report.notes),
         "failed": report.failed,
     }

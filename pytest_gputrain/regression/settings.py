@@ -22,7 +22,8 @@ from pytest_gputrain.regression.store_location import (
     resolve_store,
 )
 
-METRICS = ("step_time", "peak_vram")
+# gpu_time: the GPU's own time per step (benchmark.py), measured only where it is gated.
+METRICS = ("step_time", "gpu_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 # DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
 # that the two agree).
@@ -33,6 +34,11 @@ DEFAULT_ALPHA = 0.01
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
+# What a "cannot tell" (sessions that could not see a change of the threshold's size) does to the
+# run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
+# by a noisy runner, but nobody reads "ok" where the gate saw nothing), or a failure (fail).
+CANNOT_TELL = ("pass", "warn", "fail")
+DEFAULT_CANNOT_TELL = "warn"
 RESERVED_NAMES = ("latest",)
 # The most a benchmark may ask for: past these a value is a typo (a 400-digit warm-up would
 # run until the CI job times out), refused like any other bad value.
@@ -65,6 +71,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-lookback", "gpu_lookback", "with --gpu-compare: also compare with the "
             "baseline branch's level over its newest N sessions, and report a drift no single "
             f"comparison shows (needs ruptures; N from {MIN_LOOKBACK})", metavar="N"),
+    Option("--gpu-cannot-tell", "gpu_cannot_tell", "when the sessions could not see a change "
+            "of the threshold's size (verdict 'cannot tell'): pass, warn (the default: shown "
+            "as a warning, the run passes) or fail (the run fails, as on a regression)",
+            metavar="pass|warn|fail"),
     Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
@@ -102,6 +112,7 @@ class RegressionSettings:
         default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
     alpha: float = DEFAULT_ALPHA
     step_summary: str = DEFAULT_STEP_SUMMARY
+    cannot_tell: str = DEFAULT_CANNOT_TELL
     force: bool = False
     lookback: int | None = None  # sessions of the baseline's branch that set its level
     json_path: Path | None = None
@@ -182,6 +193,14 @@ def parse_step_summary(value: object) -> str:
     return text
 
 
+def parse_cannot_tell(value: object) -> str:
+    text = str(value).strip().lower()
+    if text not in CANNOT_TELL:
+        raise ValueError(f"{value!r} is not a policy for 'cannot tell'; expected one of "
+                         f"{', '.join(CANNOT_TELL)} (e.g. {DEFAULT_CANNOT_TELL})")
+    return text
+
+
 def parse_run_name(value: object, *, for_save: bool) -> str:
     text = str(value).strip()
     example = "--gpu-save=main" if for_save else "--gpu-compare=main or --gpu-compare=latest"
@@ -257,6 +276,12 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                         else DEFAULT_STEP_SUMMARY)
     except ValueError as exc:
         raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
+    policy_raw = read(config, "gpu_cannot_tell")
+    try:
+        cannot_tell = (parse_cannot_tell(policy_raw) if policy_raw not in (None, "")
+                       else DEFAULT_CANNOT_TELL)
+    except ValueError as exc:
+        raise _usage("gpu_cannot_tell", "--gpu-cannot-tell", str(exc)) from None
     store = _store(config)
     warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0,
                      MAX_WARMUP, "5")
@@ -290,7 +315,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         outputs.claim(config, "gpu_store / --gpu-store", [written_store] if written_store else [])
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
-        step_summary=step_summary,
+        step_summary=step_summary, cannot_tell=cannot_tell,
         force=bool(read(config, "gpu_compare_force")), lookback=lookback,
         json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,

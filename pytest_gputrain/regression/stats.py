@@ -16,9 +16,12 @@ Each session is summarised by one number (its fastest clean round, or their medi
   hides a slowdown nor makes one.
 - ``compare_sessions``: the decision. A regression needs the change of the sessions' geometric
   mean past the threshold *and* a one-sided t-test over sessions (on the logs) significant at
-  ``alpha``. With no repeated sessions anywhere the spread is unknown and the verdict is "cannot
-  tell"; otherwise the decision also states the smallest slowdown it would catch 95 % of the
-  time.
+  ``alpha``. "ok" needs the sessions to be able to see a change of the threshold's size: their
+  ``resolution`` (the smallest change the t-test finds significant 95 % of the time) must not
+  exceed the threshold. Otherwise, and when no repeated sessions anywhere give the spread, the
+  verdict is "cannot tell", with ``sessions_to_decide``: how many sessions a side would resolve
+  the threshold at the spread seen. The decision also states the smallest slowdown it would
+  catch (flag as a regression) 95 % of the time.
 - ``throttled_rounds``: which rounds ran while the GPU slowed itself down (NVML clock event
   reasons, or an SM clock far below the session's median); those rounds are left out.
 
@@ -30,6 +33,7 @@ fraction), checked against ``scipy.stats.t`` in the tests.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -53,6 +57,9 @@ MIN_ROUNDS = 8
 DIXON_Q95 = {3: 0.970, 4: 0.829, 5: 0.710, 6: 0.625, 7: 0.568, 8: 0.526, 9: 0.493, 10: 0.466}
 # "Detectable": the smallest true change the gate catches with this probability.
 DETECTION_POWER = 0.95
+# ``sessions_to_decide`` looks no further: past this many sessions a side, no CI job would run
+# them, and the answer is "no number of sessions on this host".
+MOST_SESSIONS = 10_000
 
 
 def median(values: Sequence[float]) -> float:
@@ -128,6 +135,9 @@ def t_sf(t: float, df: float) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+# Cached: the gate asks for the same few quantiles (1 - alpha and the power, at the degrees of
+# freedom at hand) in every comparison and in every step of ``sessions_to_decide``'s search.
+@functools.lru_cache(maxsize=4096)
 def t_ppf(p: float, df: float) -> float:
     """The t with P(T <= t) = p: bisection on the upper tail ``t_sf`` (accurate far out), with
     the lower half by symmetry."""
@@ -246,7 +256,10 @@ class SessionComparison:
     Values are per-session summaries; ``baseline``/``current`` are their geometric means;
     ``change`` is ``current / baseline - 1``; ``detectable`` is the smallest true slowdown this
     comparison catches 95 % of the time (a fraction, ``None`` when the spread is unknown);
-    ``p_value`` is one-sided, in the direction of the observed change.
+    ``resolution`` the smallest true change its t-test finds significant 95 % of the time,
+    threshold aside (``resolution``); ``sessions_to_decide``, for a "cannot tell" whose spread
+    is known, the sessions a side that would resolve the threshold (``None`` past
+    ``MOST_SESSIONS``); ``p_value`` is one-sided, in the direction of the observed change.
     """
 
     verdict: Verdict
@@ -261,6 +274,8 @@ class SessionComparison:
     reason: str
     baseline_stray: int | None = None  # index of a stray session left out (``stray_session``)
     current_stray: int | None = None
+    resolution: float | None = None
+    sessions_to_decide: int | None = None
 
 
 def detectable_change(threshold: float, alpha: float, standard_error: float, df: int,
@@ -274,6 +289,42 @@ def detectable_change(threshold: float, alpha: float, standard_error: float, df:
         bound = max(bound, t_ppf(1 - alpha, df) * standard_error)
         bound += t_ppf(power, df) * standard_error
     return math.expm1(bound)
+
+
+def resolution(alpha: float, standard_error: float, df: float,
+               power: float = DETECTION_POWER) -> float:
+    """The smallest true change (a fraction) that a one-sided t-test at ``alpha`` with this
+    standard error finds significant with probability ``power``, whatever the threshold: what
+    the sessions can tell from their own spread. An "ok" claims no change of the threshold's
+    size, which only sessions whose resolution is within the threshold can back."""
+    if standard_error == 0:
+        return 0.0
+    return math.expm1((t_ppf(1 - alpha, df) + t_ppf(power, df)) * standard_error)
+
+
+def sessions_to_decide(sd: float, df_history: int, threshold: float, alpha: float,
+                       power: float = DETECTION_POWER, most: int = MOST_SESSIONS) -> int | None:
+    """The fewest sessions a side (as many on each) whose resolution is within ``threshold``,
+    at the spread ``sd`` between sessions: the size of the recipe that would decide. The
+    degrees of freedom grow with the sessions (``2 (n - 1)``, besides ``df_history`` from the
+    store). ``None`` when more than ``most`` would be needed."""
+    def resolved(n: int) -> bool:
+        df = df_history + 2 * (n - 1)
+        return resolution(alpha, sd * math.sqrt(2 / n), df, power) <= threshold
+
+    low = 0 if df_history else 1  # a known-unresolved count: one a side has no spread alone
+    high = 1 if df_history else 2
+    while not resolved(high):  # the resolution shrinks as sessions are added: double, bisect
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if resolved(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _geometric_mean(values: Sequence[float]) -> float:
@@ -331,23 +382,40 @@ def compare_sessions(baseline: Sequence[float], current: Sequence[float], *, thr
         p_value = t_sf(abs(difference) / standard_error, spread.df)
     significant = p_value < alpha
     beyond = abs(difference) > math.log1p(threshold)
+    resolved = resolution(alpha, standard_error, spread.df)
     sessions = (f"{nb} vs {nc} session(s), spread {spread.sd * 100:.2f} % from "
                 f"{spread.df} degree(s) of freedom")
+    needed: int | None = None
     if significant and beyond:
         verdict: Verdict = "regression" if difference > 0 else "improvement"
         reason = (f"{seen}, past the {threshold * 100:g} % threshold, and p = {p_value:.2g} < "
                   f"{alpha:g} over sessions ({sessions})")
     else:
-        verdict = "ok"
         if not significant:
             reason = (f"{seen} is within the spread between sessions (p = {p_value:.2g} >= "
                       f"{alpha:g}; {sessions})")
         else:
             reason = (f"{seen} is significant (p = {p_value:.2g}) but within the "
                       f"{threshold * 100:g} % threshold ({sessions})")
-        reason += f"; a slowdown of {detectable * 100:.1f} % would be caught 95 % of the time"
+        caught = f"a slowdown of {detectable * 100:.1f} % would be caught 95 % of the time"
+        if resolved <= threshold:
+            verdict = "ok"
+            reason += f"; {caught}"
+        else:
+            verdict = "cannot_tell"
+            needed = sessions_to_decide(spread.sd, spread.df_history, threshold, alpha)
+            if f"{resolved * 100:.1f}" != f"{detectable * 100:.1f}":
+                caught = f"{resolved * 100:.1f} % is significant 95 % of the time; {caught}"
+            else:
+                caught = f"{resolved * 100:.1f} % is significant and caught 95 % of the time"
+            decide = (f"{needed} session(s) a side would decide" if needed is not None else
+                      f"more than {MOST_SESSIONS} sessions a side would be needed at this "
+                      "spread: make the sessions steadier (docs/regression.md)")
+            reason += (f"; these sessions cannot see a change of the {threshold * 100:g} % "
+                       f"threshold (a change of {caught}): {decide}")
     return SessionComparison(verdict, nb, nc, base, cur, change, p_value, detectable, spread,
-                             reason + stray_note, strays["baseline"], strays["current"])
+                             reason + stray_note, strays["baseline"], strays["current"],
+                             resolved, needed)
 
 
 def throttled_rounds(reasons: Sequence[int | None], sm_clocks: Sequence[float | None],

@@ -5,6 +5,7 @@ that catch a slowed CUDA step. Skipped without CUDA."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,32 @@ def test_cuda_save_and_compare(pytester: pytest.Pytester, monkeypatch: pytest.Mo
     assert row["baseline"]["sessions"] == 3 and row["current"]["sessions"] == 1
     assert 0.15 < row["change"] < 0.35
     assert row["detectable_change"] < 0.15
+
+
+def _small_kernels_step(sync: bool = False) -> object:
+    """Many small launches: the host's pace, not the GPU's, sets this step's wall time."""
+    x = torch.ones(256, device="cuda")
+    for _ in range(200):
+        x = x * 1.0001 + 0.0001
+    return float(x.sum().item()) if sync else x
+
+
+def test_gpu_time_of_a_launch_bound_step() -> None:
+    """Queued behind a spin kernel, the rounds time the GPU's work: less than the host-paced
+    step time, from nearly every round; a step that reads a value back has none."""
+    options = BenchmarkOptions(warmup=5, min_rounds=30, max_rounds=30, max_time=10.0)
+    result = measure(_small_kernels_step, options=options, gpu_time=True)
+    assert result.gpu_time is not None and len(result.gpu_time) == 30
+    print(json.dumps(result.summary(), indent=1))
+    assert len(result.gpu_times) >= 25  # queued in time
+    assert statistics.median(result.gpu_times) < statistics.median(result.step_time)
+    synced = measure(_small_kernels_step, (True,), options=options, gpu_time=True)
+    assert synced.gpu_time == [None] * 30
+
+
+def test_gpu_time_of_a_gpu_bound_step_matches_its_step_time() -> None:
+    options = BenchmarkOptions(warmup=3, min_rounds=20, max_rounds=20, max_time=10.0)
+    result = measure(_step, options=options, gpu_time=True)
+    assert result.gpu_times and len(result.gpu_times) >= 18
+    ratio = statistics.median(result.gpu_times) / statistics.median(result.step_time)
+    assert 0.9 < ratio < 1.1
