@@ -2,6 +2,7 @@
 plugin.
 
     python benchmarks/startup.py [--tests 2000] [--pairs 15] [--bytecode cached|none|inherit]
+                                 [--instructions]
 
 Measured as a user feels it: whole processes, each `python -m pytest --co -q` started from
 scratch in a folder of trivial tests with a `pytest.ini`, pytest's cache on. Runs come in
@@ -26,6 +27,9 @@ way, come first in every mode):
   installed packages' cached bytecode is read but pytest rewrites and compiles the plugin's
   modules (and the tests) anew each run: the case ``tests/test_startup.py`` holds to a budget.
 
+``--instructions`` also counts the instructions of one run each way under valgrind's callgrind:
+a figure other processes do not disturb (about fifty times slower than a run).
+
 Also checked, in one more run: neither torch nor pydantic nor pynvml is imported by the
 plugin's run (goal: none of them).
 """
@@ -36,7 +40,9 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +106,18 @@ def environment(bytecode: str, folder: Path) -> dict[str, str]:
     return env
 
 
+def instructions(root: Path, extra: list[str], env: dict[str, str]) -> int:
+    """The instructions one whole ``pytest --co -q`` process executes (valgrind's callgrind)."""
+    command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+               "-m", "pytest", "--co", "-q", *extra]
+    result = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False,
+                            env=env)
+    found = re.search(r"Collected\s*:\s*(\d+)", result.stderr)
+    if result.returncode != 0 or found is None:
+        raise SystemExit(f"valgrind failed ({' '.join(command)}):\n{result.stderr[-2000:]}")
+    return int(found.group(1))
+
+
 def heavy_modules(root: Path, env: dict[str, str]) -> tuple[str, str]:
     """The heavy modules the plugin's run imported, and the plugin's file it loaded."""
     with tempfile.TemporaryDirectory() as folder:
@@ -161,11 +179,15 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=2000)
     parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count one run's instructions each way under valgrind")
     parser.add_argument("--bytecode", choices=("cached", "none", "inherit"), default="cached",
                         help="cached (default): a bytecode cache of the benchmark's own, warmed "
                         "first; none: every module compiled anew in every run; inherit: as "
                         "this environment has it")
     args = parser.parse_args()
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind on the PATH")
     now = datetime.datetime.now(datetime.timezone.utc)
     print(f"date: {now:%Y-%m-%d %H:%M} UTC")
     print(f"machine: {cpu_model()}, {cores()} cores; Python {platform.python_version()}, "
@@ -187,6 +209,8 @@ def main() -> int:
                 wall, cpu, _ = run(root, [] if with_plugin else WITHOUT, env)
                 walls[with_plugin].append(wall)
                 cpus[with_plugin].append(cpu)
+        counted = ((instructions(root, [], env), instructions(root, WITHOUT, env))
+                   if args.instructions else None)
     cpu_ratios = [a / b for a, b in zip(cpus[True], cpus[False], strict=True)]
     wall_ratios = [a / b for a, b in zip(walls[True], walls[False], strict=True)]
     cpu_ratio = statistics.median(cpu_ratios)
@@ -205,6 +229,9 @@ def main() -> int:
           "other processes)")
     print(f"fastest CPU time of each side: {min(cpus[True]):.3f} s / {min(cpus[False]):.3f} s = "
           f"{min(cpus[True]) / min(cpus[False]):.3f} (what other processes add is left out)")
+    if counted is not None:
+        print(f"instructions of one run (callgrind): {counted[0]:,} / {counted[1]:,} = "
+              f"{counted[0] / counted[1]:.3f}")
     print(f"heavy modules imported with the plugin: {heavy} (goal: none)")
     print(f"load average after: {load()}")
     return 0 if cpu_ratio <= GOAL and heavy == "none" else 1
