@@ -11,8 +11,7 @@ pair (so that a drift of the machine's speed, or a cache warmed by the first of 
 neither side); each pair gives a ratio of CPU time (user + system, the child's own) and one of
 wall time, and the result is the median of each with its quartiles. The goal is on CPU time
 (<= 1.05), which other processes on a small machine disturb less than the wall time: the load
-average is printed before and after, and a run under heavy load is worth repeating. The ratio
-of each side's fastest CPU time is printed too: other processes only ever add time.
+average is printed before and after, and a run under heavy load is worth repeating.
 
 Bytecode, which decides how much of a module's cost is its source (two untimed runs, one each
 way, come first in every mode):
@@ -227,8 +226,6 @@ def main() -> int:
           f"goal <= {GOAL}: {'OK' if cpu_ratio <= GOAL else 'TOO SLOW'}")
     print(f"wall time, median of the pairs' ratios {spread(wall_ratios)} (more disturbed by "
           "other processes)")
-    print(f"fastest CPU time of each side: {min(cpus[True]):.3f} s / {min(cpus[False]):.3f} s = "
-          f"{min(cpus[True]) / min(cpus[False]):.3f} (what other processes add is left out)")
     if counted is not None:
         print(f"instructions of one run (callgrind): {counted[0]:,} / {counted[1]:,} = "
               f"{counted[0] / counted[1]:.3f}")
