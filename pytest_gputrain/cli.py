@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_gputrain import scopes
+from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError, text_block
@@ -35,7 +36,7 @@ from pytest_gputrain.ini_settings import (
     ProjectSettingsError,
     read_project_settings,
 )
-from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on, parse_report_target
+from pytest_gputrain.options import not_empty
 from pytest_gputrain.plugin import load_features
 from pytest_gputrain.units import printable
 

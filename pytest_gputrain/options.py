@@ -1,26 +1,22 @@
-"""Command-line options and their ini twins: the declarative table every feature uses, and the
-diagnosis's own options, read into one typed ``Settings`` object.
+"""Command-line options and their ini twins: the declarative table every feature uses, the
+diagnosis's own table, and how a value is read (``read``, ``read_with_base``) or found set
+(``is_set``).
 
 Every option can be set on the command line or in the ini file (pytest.ini, tox.ini,
 setup.cfg or ``[tool.pytest.ini_options]`` in pyproject.toml); the command line wins. Each
-feature declares its own table next to its hooks (``probe/plugin.py``, ``assertions/plugin.py``,
-``regression/settings.py``).
+feature declares its own table (``probe/options.py``, ``assertions/options.py``,
+``regression/options.py``). Loaded by every run, so it holds no checks of values: those are in
+modules loaded where an option is set (``diagnosis_settings.py`` for the diagnosis's).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-FAIL_ON = ("error", "warning", "never")
-REPORT_FORMATS = ("json", "md", "html")
-ANNOTATIONS = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -66,8 +62,6 @@ OPTIONS: tuple[Option, ...] = (
 # In the ini file these ask for output, so they turn the diagnosis on as well; the others only
 # tune a diagnosis that something else turns on.
 INI_TURNS_ON = ("gpu_report", "gpu_facts_out")
-# Markdown reports to this file (GitHub Actions' job summary of the step) are appended to it.
-STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 # The session's diagnosis (a ``diagnose.Diagnosis``), stored by the entry point when the
@@ -123,6 +117,19 @@ def read(config: pytest.Config, ini: str) -> Any:
     return config.getini(ini) if value is None else value
 
 
+def is_set(config: pytest.Config, option: Option) -> bool:
+    """Whether ``option`` is given on the command line, or set in the ini file (``-o`` included)
+    to other than its default. Only then need its value be checked: a plain run loads no
+    feature's checks of values."""
+    return (config.getoption(option.ini, default=None) is not None
+            or config.getini(option.ini) != option.default)
+
+
+def any_set(config: pytest.Config, table: tuple[Option, ...]) -> bool:
+    """Whether any option of ``table`` is set (``is_set``)."""
+    return any(is_set(config, option) for option in table)
+
+
 def ini_folder(config: pytest.Config) -> Path:
     """Where relative paths in the ini file start: the ini file's folder (the rootdir when
     there is none), as for pytest's own path-valued ini settings."""
@@ -142,24 +149,6 @@ def read_with_base(config: pytest.Config, ini: str) -> tuple[Any, Path]:
     return config.getini(ini), ini_folder(config)
 
 
-@dataclass(frozen=True)
-class ReportTarget:
-    """One ``--gpu-report``: where, in which format, and whether to append (the step summary)."""
-
-    path: Path
-    format: str  # "json", "md" or "html"
-    append: bool = False
-
-
-@dataclass(frozen=True)
-class Settings:
-    diagnose: bool
-    reports: list[ReportTarget] = field(default_factory=list)
-    fail_on: str = "error"
-    facts_out: Path | None = None
-    annotations: bool = False  # GitHub Actions workflow annotations of the tests' findings
-
-
 def resolve_path(text: str, base: Path) -> Path:
     """``text`` as a path: ``~`` expanded, relative to ``base``; ValueError naming ``text``
     where ``~user`` names no user (or no home directory is known)."""
@@ -168,92 +157,3 @@ def resolve_path(text: str, base: Path) -> Path:
     except RuntimeError as exc:  # Path.expanduser: "Could not determine home directory"
         raise ValueError(f"{text!r}: cannot expand '~' ({exc})") from None
     return path if path.is_absolute() else base / path
-
-
-def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> ReportTarget:
-    """``report.json``, ``summary.md``, ``report.html``, or ``FORMAT:PATH`` (md, json, html);
-    ValueError if none."""
-    kind, sep, rest = text.partition(":")
-    if sep and kind.lower() in REPORT_FORMATS and rest:
-        form, path = kind.lower(), resolve_path(rest, base)
-    else:
-        path = resolve_path(text, base)
-        form = path.suffix.lower().removeprefix(".")
-        if form not in REPORT_FORMATS:
-            raise ValueError(
-                f"{text!r} must end in .json, .md or .html, or name its format: md:PATH, "
-                f"json:PATH or html:PATH (e.g. --gpu-report=gpu-report.json, "
-                f"--gpu-report=md:${STEP_SUMMARY})")
-    summary = environ.get(STEP_SUMMARY)
-    try:
-        append = (form == "md" and bool(summary)
-                  and os.path.abspath(path) == os.path.abspath(resolve_path(str(summary), base)))
-    except ValueError:  # a summary path that cannot be expanded is not this report's
-        append = False
-    return ReportTarget(path, form, append)
-
-
-def parse_fail_on(value: object) -> str:
-    """The lowest severity that fails the session (``error`` when not set); ValueError naming
-    anything else."""
-    level = str(value or "error").strip().lower()
-    if level not in FAIL_ON:
-        raise ValueError(f"{level!r} is not one of {', '.join(FAIL_ON)}")
-    return level
-
-
-def parse_annotations(value: object, environ: Mapping[str, str]) -> bool:
-    """Whether to print workflow annotations: ``auto`` (the default) under GitHub Actions only,
-    ``always``, ``never``; ValueError naming anything else."""
-    when = str(value or "auto").strip().lower()
-    if when not in ANNOTATIONS:
-        raise ValueError(f"{when!r} is not one of {', '.join(ANNOTATIONS)}")
-    return when == "always" or (when == "auto" and environ.get("GITHUB_ACTIONS") == "true")
-
-
-def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
-    """``--gpu-diagnose`` or ``gpu_diagnose``; any option of ``table`` on the command line;
-    or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``)."""
-    if read(config, "gpu_diagnose"):
-        return True
-    if any(config.getoption(option.ini, default=None) is not None for option in table):
-        return True
-    return any(config.getini(ini) for ini in INI_TURNS_ON)
-
-
-def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> Settings:
-    """Validate the diagnosis options, whether or not the diagnosis runs; a bad value is a
-    UsageError that names it. ``table``: every option of the diagnosis (the probe's too)."""
-    try:
-        fail_on = parse_fail_on(read(config, "gpu_fail_on"))
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_fail_on / --gpu-fail-on: {exc}") from None
-    reports = []
-    targets, base = read_with_base(config, "gpu_report")
-    for text in targets or []:
-        try:
-            reports.append(parse_report_target(str(text), base, os.environ))
-        except ValueError as exc:
-            raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
-    try:
-        annotations = parse_annotations(read(config, "gpu_annotations"), os.environ)
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_annotations / --gpu-annotations: {exc}") from None
-    facts_out, base = read_with_base(config, "gpu_facts_out")
-    try:
-        facts_path = resolve_path(str(facts_out), base) if facts_out else None
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
-    if reports or facts_path:  # loaded only then: a plain run does not pay for it
-        from pytest_gputrain import outputs
-
-        outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
-        outputs.claim(config, "gpu_facts_out / --gpu-facts-out",
-                      [facts_path] if facts_path else [])
-    return Settings(
-        diagnose=diagnosis_requested(config, table),
-        reports=reports,
-        fail_on=fail_on,
-        facts_out=facts_path,
-        annotations=annotations,
-    )

@@ -65,9 +65,14 @@ def diagnosis_feature_options(pluginmanager: pytest.PytestPluginManager
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    # Every value is checked whether or not the diagnosis runs: a typo is an error in any mode.
     table = options.OPTIONS + diagnosis_feature_options(config.pluginmanager)
-    settings = options.read_settings(config, table)
+    if not options.any_set(config, table):
+        return  # nothing asked of the diagnosis: nothing to check, nothing to run
+    from pytest_gputrain.diagnosis_settings import read_settings
+
+    # Every value set is checked whether or not the diagnosis runs: a typo is an error in any
+    # mode.
+    settings = read_settings(config, table)
     rule_config = read_rule_config(config)
     if not settings.diagnose:
         return

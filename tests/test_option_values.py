@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from pytest_gputrain import options
-from pytest_gputrain.assertions.plugin import OPTIONS as ASSERTION_OPTIONS
+from pytest_gputrain.assertions.options import OPTIONS as ASSERTION_OPTIONS
 from pytest_gputrain.cli import main as cli_main
-from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
+from pytest_gputrain.probe.options import OPTIONS as PROBE_OPTIONS
 from pytest_gputrain.regression.benchmark import BenchmarkOptions
-from pytest_gputrain.regression.settings import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
-from pytest_gputrain.regression.settings import OPTIONS as REGRESSION_OPTIONS
+from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
+from pytest_gputrain.regression.options import OPTIONS as REGRESSION_OPTIONS
 from pytest_gputrain.regression.store_sqlite import SqliteStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain import options
+from pytest_gputrain import diagnosis_settings
 from pytest_gputrain.plugin import read_rule_config
 from pytest_gputrain.regression import settings as regression_settings
 
@@ -26,7 +26,7 @@ PATH_OPTIONS = {
 
 def resolved(config: pytest.Config) -> dict[str, Any]:
     """Every path option as the feature that reads it resolves it."""
-    diagnosis = options.read_settings(config)
+    diagnosis = diagnosis_settings.read_settings(config)
     regression = regression_settings.read_settings(config)
     rules = read_rule_config(config)
     assert rules is not None

@@ -1,9 +1,10 @@
 """The GPU assertions at run time: requirements, measurements, limits, OOM clean-up, the tally.
 
-Loaded by ``plugin.py`` only when a session needs it: when collection finds a GPU test, when
-tests are about to run (any test may run out of CUDA memory), or for xdist pinning. A collect-
-only run of a suite with no GPU test never imports it (pytest compiles every module it imports
-at start-up anew where bytecode is not cached, so a plain run pays for every line it loads).
+Loaded by ``plugin.py`` only when a session needs it: when collection finds a GPU test, a test
+asks for a GPU fixture, a test fails while torch is loaded (it may have run out of CUDA
+memory), or for xdist pinning. A run of a suite with no GPU test and no torch never imports it
+(pytest compiles every module it imports anew where bytecode is not cached, so a plain run pays
+for every line it loads).
 The hooks are the assertions' plugin object's (``plugin.py``): each calls a method here.
 
 Order of events for a GPU test:

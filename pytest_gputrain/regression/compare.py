@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
-from pytest_gputrain.regression.settings import DEFAULT_ALPHA, DEFAULT_STEP_SUMMARY
+from pytest_gputrain.regression.options import DEFAULT_ALPHA
+from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:

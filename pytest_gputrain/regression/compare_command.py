@@ -25,9 +25,8 @@ from pytest_gputrain.regression.compare import (
     store_history,
 )
 from pytest_gputrain.regression.history import HistoryError, add_store_argument, locate
+from pytest_gputrain.regression.options import DEFAULT_ALPHA, DEFAULT_REGRESSION
 from pytest_gputrain.regression.settings import (
-    DEFAULT_ALPHA,
-    DEFAULT_REGRESSION,
     DEFAULT_STEP_SUMMARY,
     REGRESSION_EXAMPLE,
     STEP_SUMMARIES,

@@ -20,14 +20,10 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.regression.options import DEFAULT_STORE
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
-from pytest_gputrain.regression.store_location import (
-    DEFAULT_STORE,
-    Location,
-    parse_location,
-    resolve_store,
-)
+from pytest_gputrain.regression.store_location import Location, parse_location, resolve_store
 from pytest_gputrain.units import printable, shown
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"

@@ -1,8 +1,9 @@
-"""Options of the regression gate (each with an ini twin) and their validation.
+"""The regression gate's options (``options.py``) read into ``RegressionSettings``, every value
+checked: a bad one is a ``pytest.UsageError`` that names the option and the value and shows a
+valid example.
 
-Light on purpose: imported by the hook module at pytest start-up, so only the standard library
-and pytest. A bad value is a ``pytest.UsageError`` that names the option and the value and shows
-a valid example.
+Loaded where an option of the gate is set or a test uses ``gpu_benchmark``, not by a plain run;
+only the standard library and pytest (no sqlite3, no psycopg).
 """
 
 from __future__ import annotations
@@ -14,76 +15,26 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import Option, read, read_with_base, resolve_path
-from pytest_gputrain.options import add_options as register
-from pytest_gputrain.regression.store_location import (
+from pytest_gputrain.options import read, read_with_base, resolve_path
+from pytest_gputrain.regression.options import (
+    DEFAULT_ALPHA,
     DEFAULT_STORE,
-    Location,
-    resolve_store,
+    MAX_ROUNDS,
+    MAX_TIME_S,
+    MAX_WARMUP,
+    METRICS,
 )
+from pytest_gputrain.regression.store_location import Location, resolve_store
 
-METRICS = ("step_time", "peak_vram")
-DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 # DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
 # that the two agree).
 DEFAULT_THRESHOLDS = {"step_time": 0.05, "peak_vram": 0.02}
 REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
-DEFAULT_ALPHA = 0.01
 # How one session's step time is summarised: its fastest clean round (interference from the host
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
 RESERVED_NAMES = ("latest",)
-# The most a benchmark may ask for: past these a value is a typo (a 400-digit warm-up would
-# run until the CI job times out), refused like any other bad value.
-MAX_WARMUP = 10_000
-MAX_ROUNDS = 100_000
-MAX_TIME_S = 3_600.0
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("--gpu-save", "gpu_save", "save this session's gpu_benchmark results in the store "
-            "as a run named NAME (e.g. the branch)", metavar="NAME"),
-    Option("--gpu-compare", "gpu_compare", "compare gpu_benchmark results with a saved run: "
-            "NAME (its newest run), #ID, or latest; a regression fails the session",
-            metavar="NAME|#ID|latest"),
-    Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
-            f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
-            metavar="SPEC"),
-    Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
-            f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
-            metavar="ALPHA"),
-    Option("--gpu-step-summary", "gpu_step_summary", "one session's step time: min (its "
-            "fastest clean round, the default: what a busy host or a neighbour added is left "
-            "out) or median (every round counts: a slowdown of some rounds shows)",
-            metavar="min|median"),
-    Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
-            "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
-            kind="bool", default=False),
-    Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
-            "to PATH as JSON", metavar="PATH"),
-    Option("--gpu-store", "gpu_store", "benchmark store: an SQLite file (default "
-            f"{DEFAULT_STORE} in the rootdir) or a postgresql:// URL shared by CI runners",
-            metavar="PATH|URL"),
-    Option("--gpu-benchmark-disable", "gpu_benchmark_disable", "gpu_benchmark: call each "
-            "benchmarked step once, untimed (the tests run as ordinary tests; nothing is saved "
-            "or compared)", kind="bool", default=False),
-    Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
-            "gpu_benchmark", kind="bool", default=False),
-    Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
-            f"before timing (default 5, at most {MAX_WARMUP})", metavar="N"),
-    Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
-            f"timed rounds (default 30, at most {MAX_ROUNDS})", metavar="N"),
-    Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
-            f"timed rounds (default 100, at most {MAX_ROUNDS})", metavar="N"),
-    Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
-            "timed rounds after which no more are added beyond the minimum (default 5, at most "
-            f"{MAX_TIME_S:g})", metavar="SECONDS"),
-)
-
-
-def add_options(parser: pytest.Parser) -> None:
-    register(parser, OPTIONS)
 
 
 @dataclass(frozen=True)
