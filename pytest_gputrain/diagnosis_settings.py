@@ -91,10 +91,20 @@ def parse_annotations(value: object, environ: Mapping[str, str]) -> bool:
 
 def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
     """``--gpu-diagnose`` or ``gpu_diagnose``; any option of ``table`` on the command line;
-    or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``)."""
-    if read(config, "gpu_diagnose"):
-        return True
-    if any(config.getoption(option.ini, default=None) is not None for option in table):
+    or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``).
+
+    ``--no-gpu-diagnose`` turns it off whatever the ini file says; with another option of the
+    diagnosis on the command line, which would turn it on, it is a usage error.
+    """
+    switch = config.getoption("gpu_diagnose", default=None)
+    given = [option.flag for option in table if option.ini != "gpu_diagnose"
+             and config.getoption(option.ini, default=None) is not None]
+    if switch is False:
+        if given:
+            raise pytest.UsageError(f"--no-gpu-diagnose turns the diagnosis off, and "
+                                    f"{', '.join(given)} asks for it: give one or the other")
+        return False
+    if switch or given or config.getini("gpu_diagnose"):
         return True
     return any(config.getini(ini) for ini in INI_TURNS_ON)
 

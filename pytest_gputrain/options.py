@@ -3,8 +3,13 @@ diagnosis's own table, and how a value is read (``read``, ``read_with_base``) or
 (``is_set``).
 
 Every option can be set on the command line or in the ini file (pytest.ini, tox.ini,
-setup.cfg or ``[tool.pytest.ini_options]`` in pyproject.toml); the command line wins. Each
-feature declares its own table (``probe/options.py``, ``assertions/options.py``,
+setup.cfg, or ``[tool.pytest.ini_options]`` / ``[tool.pytest]`` in pyproject.toml); the command
+line wins. One naming rule: an option's ini name is its flag without the leading dashes, dashes
+as underscores (``--gpu-rule-param`` and ``gpu_rule_param``); ini names that broke it are read
+still, with a deprecation warning (``RENAMED_INI``). A switch (``kind="bool"``) has an off flag
+too (``--no-gpu-diagnose``), to turn off from the command line what the ini file turns on.
+
+Each feature declares its own table (``probe/options.py``, ``assertions/options.py``,
 ``regression/options.py``). Loaded by every run, so it holds no checks of values: those are in
 modules loaded where an option is set (``diagnosis_settings.py`` for the diagnosis's).
 """
@@ -24,9 +29,14 @@ class Option:
     flag: str
     ini: str
     help: str
-    kind: str = "string"  # string | bool | args
+    kind: str = "string"  # string | bool | args | int | float
     default: Any = None
     metavar: str | None = None
+
+    @property
+    def off_flag(self) -> str:
+        """A switch's flag that turns it off: ``--gpu-share`` -> ``--no-gpu-share``."""
+        return "--no-" + self.flag.removeprefix("--")
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -47,9 +57,9 @@ OPTIONS: tuple[Option, ...] = (
            kind="args", default=[], metavar="CODES"),
     Option("--gpu-severity", "gpu_severity", "override a rule's severity: CODE=LEVEL, e.g. "
            "GT008=error", kind="args", default=[], metavar="CODE=LEVEL"),
-    Option("--gpu-rule-param", "gpu_rule_params", "override a rule threshold: CODE.PARAM=VALUE, "
+    Option("--gpu-rule-param", "gpu_rule_param", "override a rule threshold: CODE.PARAM=VALUE, "
            "e.g. GT016.min_shm=1GiB", kind="args", default=[], metavar="CODE.PARAM=VALUE"),
-    Option("--gpu-rules-dir", "gpu_rules_dirs", "extra folder of rule files (GT###-name.toml); "
+    Option("--gpu-rules-dir", "gpu_rules_dir", "extra folder of rule files (GT###-name.toml); "
            "repeatable", kind="args", default=[], metavar="DIR"),
     Option("--gpu-annotations", "gpu_annotations", "print each warning-or-worse finding about "
            "a test as a GitHub Actions annotation at the test's line: auto (when "
@@ -70,7 +80,12 @@ INI_TURNS_ON = ("gpu_report", "gpu_facts_out")
 # rewritten for assertions), so what a plain run does not import, it does not pay for.
 DIAGNOSIS_KEY = pytest.StashKey[Any]()
 # The ini settings that choose and tune the rules (the rule engine reads them).
-RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_param", "gpu_rules_dir")
+# Ini names given up for the naming rule, and the names that replace them. The old ones are
+# read where the new ones are not set, with a deprecation warning (both set is a usage error).
+# Both are lists, for which "not set" is empty.
+RENAMED_INI = {"gpu_rule_params": "gpu_rule_param", "gpu_rules_dirs": "gpu_rules_dir"}
+OLD_INI_NAME = {new: old for old, new in RENAMED_INI.items()}
 
 
 def diagnosing(config: pytest.Config) -> bool:
@@ -97,24 +112,66 @@ def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> N
     group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
     for option in table:
         cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
+        ini_type: Any
         if option.kind == "bool":
             group.addoption(option.flag, action="store_true", default=None, dest=option.ini,
                             help=cli_help)
-            parser.addini(option.ini, option.help, type="bool", default=option.default)
+            group.addoption(option.off_flag, action="store_false", default=None,
+                            dest=option.ini, help=f"turn {option.flag} off, whatever the ini "
+                            f"file's {option.ini} says")
+            ini_type = "bool"
         elif option.kind == "args":
             group.addoption(option.flag, action="append", default=None, dest=option.ini,
                             metavar=option.metavar, help=cli_help, type=not_empty)
-            parser.addini(option.ini, option.help, type="args", default=option.default)
+            ini_type = "args"
         else:
             group.addoption(option.flag, action="store", default=None, dest=option.ini,
                             metavar=option.metavar, help=cli_help, type=not_empty)
-            parser.addini(option.ini, option.help, type="string", default=option.default)
+            ini_type = _ini_type(option.kind)
+        parser.addini(option.ini, option.help, type=ini_type, default=option.default)
+        old = OLD_INI_NAME.get(option.ini)
+        if old is not None:
+            parser.addini(old, f"deprecated: the old name of {option.ini}", type=ini_type,
+                          default=option.default)
+
+
+def _ini_type(kind: str) -> Any:
+    """pytest's ini type for a string or number option. From pytest 9.2 a number option takes
+    a number (``gpu_benchmark_warmup = 5`` in ``[tool.pytest]``, where pytest refuses a number
+    for a string setting) or a string, which the feature parses and checks as it does the
+    command line's; before, pytest's ini types cannot say so, and both are strings."""
+    number = {"int": int, "float": float}.get(kind)
+    if number is None or pytest.version_tuple[:2] < (9, 2):
+        return "string"
+    return number | str
 
 
 def read(config: pytest.Config, ini: str) -> Any:
     """The command-line value if given, else the ini value."""
     value = config.getoption(ini, default=None)
-    return config.getini(ini) if value is None else value
+    return ini_value(config, ini) if value is None else value
+
+
+def ini_value(config: pytest.Config, ini: str) -> Any:
+    """The ini file's value of ``ini``, or of its old name where only that is set."""
+    value = config.getini(ini)
+    old = OLD_INI_NAME.get(ini)
+    return config.getini(old) if old is not None and not value else value
+
+
+def renamed_in_use(config: pytest.Config) -> list[str]:
+    """What to tell of each old ini name in use (a deprecation, naming the new one); a usage
+    error where the ini file sets both names of one setting."""
+    said = []
+    for old, new in RENAMED_INI.items():
+        if not config.getini(old):
+            continue
+        if config.getini(new):
+            raise pytest.UsageError(f"{old} is the old name of {new}, and both are set: keep "
+                                    f"{new} only")
+        said.append(f"gputrain: the ini setting {old} is now {new} (named as its flag, "
+                    f"--{new.replace('_', '-')}); rename it: the old name will stop working")
+    return said
 
 
 def is_set(config: pytest.Config, option: Option) -> bool:
@@ -122,7 +179,7 @@ def is_set(config: pytest.Config, option: Option) -> bool:
     to other than its default. Only then need its value be checked: a plain run loads no
     feature's checks of values."""
     return (config.getoption(option.ini, default=None) is not None
-            or config.getini(option.ini) != option.default)
+            or ini_value(config, option.ini) != option.default)
 
 
 def any_set(config: pytest.Config, table: tuple[Option, ...]) -> bool:
@@ -146,7 +203,7 @@ def read_with_base(config: pytest.Config, ini: str) -> tuple[Any, Path]:
     value = config.getoption(ini, default=None)
     if value is not None:
         return value, Path(config.invocation_params.dir)
-    return config.getini(ini), ini_folder(config)
+    return ini_value(config, ini), ini_folder(config)
 
 
 def resolve_path(text: str, base: Path) -> Path:

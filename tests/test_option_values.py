@@ -42,7 +42,7 @@ def test_an_empty_value_on_the_command_line_is_a_usage_error_naming_the_option(
 
 def test_an_empty_value_in_the_ini_file_is_unset(pytester: pytest.Pytester) -> None:
     # pytest's getini gives the same "" for a key that is absent and one left empty.
-    pytester.makeini("[pytest]\ngpu_fail_on =\ngpu_rule_params =\ngpu_save =\n"
+    pytester.makeini("[pytest]\ngpu_fail_on =\ngpu_rule_param =\ngpu_save =\n"
                      "gpu_regression =\ngpu_max_vram =\n")
     pytester.makepyfile("def test_ok(): pass")
     assert pytester.runpytest().ret == 0

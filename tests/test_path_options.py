@@ -18,7 +18,7 @@ from pytest_gputrain.regression import settings as regression_settings
 PATH_OPTIONS = {
     "gpu_report": ("--gpu-report", "out/report.json"),
     "gpu_facts_out": ("--gpu-facts-out", "out/facts.json"),
-    "gpu_rules_dirs": ("--gpu-rules-dir", "out/rules"),
+    "gpu_rules_dir": ("--gpu-rules-dir", "out/rules"),
     "gpu_store": ("--gpu-store", "out/store.sqlite"),
     "gpu_benchmark_json": ("--gpu-benchmark-json", "out/bench.json"),
 }
@@ -31,7 +31,7 @@ def resolved(config: pytest.Config) -> dict[str, Any]:
     rules = read_rule_config(config)
     assert rules is not None
     return {"gpu_report": diagnosis.reports[0].path, "gpu_facts_out": diagnosis.facts_out,
-            "gpu_rules_dirs": rules.extra_dirs[0], "gpu_store": regression.store,
+            "gpu_rules_dir": rules.extra_dirs[0], "gpu_store": regression.store,
             "gpu_benchmark_json": regression.json_path}
 
 
@@ -86,7 +86,7 @@ def test_home_and_absolute_paths_stay_as_they_are(pytester: pytest.Pytester, sub
     paths = resolved(pytester.parseconfig(*args))
     home, absolute = pytester.path / "home", pytester.path / "abs"
     assert paths == {"gpu_report": absolute / "report.json",
-                     "gpu_facts_out": absolute / "facts.json", "gpu_rules_dirs": home / "rules",
+                     "gpu_facts_out": absolute / "facts.json", "gpu_rules_dir": home / "rules",
                      "gpu_store": home / "store.sqlite", "gpu_benchmark_json": home / "bench.json"}
 
 

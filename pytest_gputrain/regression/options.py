@@ -31,7 +31,7 @@ OPTIONS: tuple[Option, ...] = (
             metavar="SPEC"),
     Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
             f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
-            metavar="ALPHA"),
+            kind="float", metavar="ALPHA"),
     Option("--gpu-step-summary", "gpu_step_summary", "one session's step time: min (its "
             "fastest clean round, the default: what a busy host or a neighbour added is left "
             "out) or median (every round counts: a slowdown of some rounds shows)",
@@ -50,12 +50,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
             "gpu_benchmark", kind="bool", default=False),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
-            f"before timing (default 5, at most {MAX_WARMUP})", metavar="N"),
+            f"before timing (default 5, at most {MAX_WARMUP})", kind="int", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
-            f"timed rounds (default 30, at most {MAX_ROUNDS})", metavar="N"),
+            f"timed rounds (default 30, at most {MAX_ROUNDS})", kind="int", metavar="N"),
     Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
-            f"timed rounds (default 100, at most {MAX_ROUNDS})", metavar="N"),
+            f"timed rounds (default 100, at most {MAX_ROUNDS})", kind="int", metavar="N"),
     Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
             "timed rounds after which no more are added beyond the minimum (default 5, at most "
-            f"{MAX_TIME_S:g})", metavar="SECONDS"),
+            f"{MAX_TIME_S:g})", kind="float", metavar="SECONDS"),
 )
