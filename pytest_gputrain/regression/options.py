@@ -49,6 +49,9 @@ OPTIONS: tuple[Option, ...] = (
             "or compared)", kind="bool", default=False),
     Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
             "gpu_benchmark", kind="bool", default=False),
+    Option("--gpu-benchmark-only", "gpu_benchmark_only", "run only the tests that use "
+            "gpu_benchmark: the others are deselected (for a job that only saves or compares "
+            "benchmarks)", kind="bool", default=False),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
             f"before timing (default 5, at most {MAX_WARMUP})", kind="int", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 PLUGIN_NAME = "gputrain-regression"
 PLUGIN_KEY = pytest.StashKey["RegressionPlugin"]()
 WORKER_OUTPUT = "gputrain_benchmarks"
+WORKER_DESELECTED = "gputrain_not_benchmarks"  # how many tests --gpu-benchmark-only deselected
 # A test's ``gpu_benchmark`` (one per test), read when its report is made.
 BENCHMARK_KEY = pytest.StashKey["GpuBenchmark"]()
 
@@ -100,6 +101,7 @@ class RegressionPlugin:
         self._settings = settings  # None: no option of the gate is set
         self.results: list[dict[str, Any]] = []
         self.report: GateReport | None = None
+        self.not_benchmarks = 0  # the tests --gpu-benchmark-only deselected
 
     @property
     def settings(self) -> RegressionSettings:
@@ -111,14 +113,25 @@ class RegressionPlugin:
             self._settings = read_settings(self.config)
         return self._settings
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture."""
-        if self._settings is None or not self._settings.skip:
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture;
+        ``--gpu-benchmark-only``: deselect every other test."""
+        settings = self._settings
+        if settings is None or not (settings.skip or settings.only):
             return
         marker = pytest.mark.skip(reason="uses gpu_benchmark (--gpu-benchmark-skip)")
+        kept: list[pytest.Item] = []
+        deselected: list[pytest.Item] = []
         for item in items:
-            if "gpu_benchmark" in getattr(item, "fixturenames", ()):
+            benchmark = "gpu_benchmark" in getattr(item, "fixturenames", ())
+            if settings.skip and benchmark:
                 item.add_marker(marker)
+            (kept if benchmark or not settings.only else deselected).append(item)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
+            self.not_benchmarks = len(deselected)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -144,6 +157,8 @@ class RegressionPlugin:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: collect the results a worker sent."""
         self.results.extend(sent_by_worker(node, WORKER_OUTPUT, []))
+        # Every worker collects, and deselects, the same tests.
+        self.not_benchmarks = max(self.not_benchmarks, sent_by_worker(node, WORKER_DESELECTED, 0))
 
     # tryfirst: the outermost wrapper, so the gate has run before the diagnosis (inside it)
     # writes the --gpu-report files that show it.
@@ -153,6 +168,8 @@ class RegressionPlugin:
         if is_xdist_worker(self.config):
             if self.results:
                 send_to_controller(self.config, WORKER_OUTPUT, self.results)
+            if self.not_benchmarks:
+                send_to_controller(self.config, WORKER_DESELECTED, self.not_benchmarks)
             return (yield)
         self.report = self._run_gate(exitstatus)
         result = yield
@@ -179,6 +196,10 @@ class RegressionPlugin:
     # trylast: after the GPU tests' tally and the ladder tables, before the diagnosis.
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.not_benchmarks:  # beside pytest's own "N deselected", which does not say why
+            terminalreporter.write_line(
+                f"gputrain: {self.not_benchmarks} deselected: not benchmarks "
+                "(--gpu-benchmark-only runs only the tests that use gpu_benchmark)")
         if self.report is None:
             return
         from pytest_gputrain.regression.output import has_content, terminal_lines

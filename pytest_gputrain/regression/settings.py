@@ -50,6 +50,7 @@ class RegressionSettings:
     store: Location = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
     disable: bool = False
     skip: bool = False
+    only: bool = False  # --gpu-benchmark-only: the other tests are deselected
     warmup: int | None = None
     min_rounds: int | None = None
     max_rounds: int | None = None
@@ -214,7 +215,12 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                      "min 30, max 100")
     disable = bool(read(config, "gpu_benchmark_disable"))
     skip = bool(read(config, "gpu_benchmark_skip"))
+    only = bool(read(config, "gpu_benchmark_only"))
     _check_untimed(disable, skip, save, compare)
+    if skip and only:
+        raise _usage("gpu_benchmark_only", "--gpu-benchmark-only",
+                     "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
+                     "runs only the tests that use gpu_benchmark, the other skips them)")
     json_path = _path(config, "gpu_benchmark_json", "--gpu-benchmark-json")
     written_store = store if isinstance(store, Path) and (save or compare) else None
     if json_path or written_store:  # loaded only then: a plain run does not pay for it
@@ -229,7 +235,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         force=bool(read(config, "gpu_compare_force")),
         json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
-        disable=disable, skip=skip,
+        disable=disable, skip=skip, only=only,
     )
 
 
