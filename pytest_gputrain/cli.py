@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_gputrain import scopes
+from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError, text_block
@@ -35,7 +36,7 @@ from pytest_gputrain.ini_settings import (
     ProjectSettingsError,
     read_project_settings,
 )
-from pytest_gputrain.options import FAIL_ON, not_empty, parse_fail_on, parse_report_target
+from pytest_gputrain.options import not_empty
 from pytest_gputrain.plugin import load_features
 from pytest_gputrain.units import printable
 
@@ -51,6 +52,8 @@ def _project(args: argparse.Namespace) -> ProjectSettings:
             args.project = read_project_settings(args.rootdir, args.config_file)
         except ProjectSettingsError as exc:
             raise CliError(str(exc)) from None
+        for deprecation in args.project.deprecations:
+            print(f"warning: {deprecation}", file=sys.stderr)
     project: ProjectSettings = args.project
     return project
 
@@ -64,12 +67,12 @@ def _engine(args: argparse.Namespace, every_rule: bool = False) -> RuleEngine:
         if args.rules_dir:  # folders given here are relative to here; the ini's to its folder
             rules_dirs, base = args.rules_dir, None
         else:
-            rules_dirs, base = ini["gpu_rules_dirs"], _project(args).ini_folder
+            rules_dirs, base = ini["gpu_rules_dir"], _project(args).ini_folder
         select, ignore = (None, None) if every_rule else (args.select or ini["gpu_select"],
                                                           args.ignore or ini["gpu_ignore"])
         config = build_config(select=select, ignore=ignore,
                               severity=args.severity or ini["gpu_severity"],
-                              params=args.rule_param or ini["gpu_rule_params"],
+                              params=args.rule_param or ini["gpu_rule_param"],
                               rules_dirs=rules_dirs, base_dir=base)
         return RuleEngine.load(config)
     except (RuleFileError, SettingError) as exc:
@@ -194,7 +197,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         section("Use instead", rule.docs["use_instead"])
     section("Fix", rule.fix.source)
     if rule.params:
-        body = "\n".join(f"{k} = {v!r}   (gpu_rule_params = {rule.code}.{k}=VALUE)"
+        body = "\n".join(f"{k} = {v!r}   (gpu_rule_param = {rule.code}.{k}=VALUE)"
                          for k, v in rule.params.items())
         if "options" in rule.docs:
             body += "\n\n" + rule.docs["options"]
@@ -248,9 +251,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--severity", action="append", type=not_empty, metavar="CODE=LEVEL",
                        help="instead of gpu_severity")
         p.add_argument("--rule-param", action="append", type=not_empty,
-                       metavar="CODE.PARAM=VALUE", help="instead of gpu_rule_params")
+                       metavar="CODE.PARAM=VALUE", help="instead of gpu_rule_param")
         p.add_argument("--rules-dir", action="append", type=not_empty, metavar="DIR",
-                       help="extra rule folder (instead of gpu_rules_dirs)")
+                       help="extra rule folder (instead of gpu_rules_dir)")
         p.add_argument("--rootdir", metavar="DIR", help="the project's rootdir, as pytest's "
                        "--rootdir (default: found from the current directory, as pytest does)")
         p.add_argument("-c", "--config-file", metavar="FILE", help="the project's ini file, "
@@ -280,7 +283,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "rules", help="list the rule catalogue",
         description="List the rules (code, name, scope, severity, title) as `pytest "
                     "--gpu-diagnose` in this project loads them: the built-in ones and those of "
-                    "gpu_rules_dirs, less those gpu_select and gpu_ignore leave out.")
+                    "gpu_rules_dir, less those gpu_select and gpu_ignore leave out.")
     rules.add_argument("--scope", choices=scopes.names(), help="only the rules of this scope")
     rule_options(rules)
     rules.set_defaults(func=cmd_rules)
@@ -290,7 +293,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="Print one rule's documentation: what it checks, why it matters, an example "
                     "and what to write instead, the fix, its options and references. Any rule, "
                     "whatever gpu_select and gpu_ignore choose; its severity and options are this "
-                    "project's (gpu_severity, gpu_rule_params).")
+                    "project's (gpu_severity, gpu_rule_param).")
     explain.add_argument("code", metavar="CODE", help="a rule's code (GT007) or name "
                          "(other-processes-hold-vram)")
     rule_options(explain, selection=False)

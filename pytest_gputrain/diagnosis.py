@@ -41,10 +41,10 @@ from pytest_gputrain.xdist import send_to_controller, sent_by_worker
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from pytest_gputrain.diagnosis_settings import Settings
     from pytest_gputrain.engine.evaluate import RuleEngine
     from pytest_gputrain.facts import EnvironmentFacts, FactsFile
     from pytest_gputrain.findings import Finding
-    from pytest_gputrain.options import Settings
     from pytest_gputrain.report.terminal import PrintedReport
 
 PLUGIN_NAME = "gputrain-diagnose"

@@ -1,8 +1,8 @@
 """The project's pytest settings, for the command line: found and read exactly as pytest does.
 
 ``python -m pytest_gputrain replay`` must give the findings ``pytest --gpu-diagnose`` gave, so
-it reads the same ``gpu_*`` settings (``gpu_rules_dirs``, ``gpu_select``, ``gpu_ignore``,
-``gpu_severity``, ``gpu_rule_params``, ``gpu_fail_on``) from the same file; ``history`` and
+it reads the same ``gpu_*`` settings (``gpu_rules_dir``, ``gpu_select``, ``gpu_ignore``,
+``gpu_severity``, ``gpu_rule_param``, ``gpu_fail_on``) from the same file; ``history`` and
 ``compare`` find the store ``pytest --gpu-save`` wrote (``gpu_store``) the same way. Rather
 than copy pytest's rules for finding that file (pytest.ini, pyproject.toml's ``[tool.pytest]``
 tables, tox.ini, setup.cfg; the rootdir; ``--rootdir`` and ``-c``), this starts pytest itself
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import RULE_SETTINGS, ini_folder
+from pytest_gputrain.options import RULE_SETTINGS, ini_folder, ini_value, renamed_in_use
 
 # The settings the rule engine and the verdict read.
 SETTINGS = (*RULE_SETTINGS, "gpu_fail_on")
@@ -35,6 +35,7 @@ class ProjectSettings:
     rootpath: Path
     ini_folder: Path  # where the ini file's relative paths start (``options.ini_folder``)
     values: dict[str, Any] = field(default_factory=dict)
+    deprecations: list[str] = field(default_factory=list)  # old ini names in use
 
 
 class _ReadAndStop:
@@ -46,7 +47,8 @@ class _ReadAndStop:
     def pytest_cmdline_main(self, config: pytest.Config) -> int:
         self.settings = ProjectSettings(
             rootpath=Path(config.rootpath), ini_folder=ini_folder(config),
-            values={name: config.getini(name) for name in self.names})
+            values={name: ini_value(config, name) for name in self.names},
+            deprecations=renamed_in_use(config))
         return 0  # firstresult: pytest runs no session
 
 

@@ -1,26 +1,27 @@
-"""Command-line options and their ini twins: the declarative table every feature uses, and the
-diagnosis's own options, read into one typed ``Settings`` object.
+"""Command-line options and their ini twins: the declarative table every feature uses, the
+diagnosis's own table, and how a value is read (``read``, ``read_with_base``) or found set
+(``is_set``).
 
 Every option can be set on the command line or in the ini file (pytest.ini, tox.ini,
-setup.cfg or ``[tool.pytest.ini_options]`` in pyproject.toml); the command line wins. Each
-feature declares its own table next to its hooks (``probe/plugin.py``, ``assertions/plugin.py``,
-``regression/settings.py``).
+setup.cfg, or ``[tool.pytest.ini_options]`` / ``[tool.pytest]`` in pyproject.toml); the command
+line wins. One naming rule: an option's ini name is its flag without the leading dashes, dashes
+as underscores (``--gpu-rule-param`` and ``gpu_rule_param``); ini names that broke it are read
+still, with a deprecation warning (``RENAMED_INI``). A switch (``kind="bool"``) has an off flag
+too (``--no-gpu-diagnose``), to turn off from the command line what the ini file turns on.
+
+Each feature declares its own table (``probe/options.py``, ``assertions/options.py``,
+``regression/options.py``). Loaded by every run, so it holds no checks of values: those are in
+modules loaded where an option is set (``diagnosis_settings.py`` for the diagnosis's).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-FAIL_ON = ("error", "warning", "never")
-REPORT_FORMATS = ("json", "md", "html")
-ANNOTATIONS = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,14 @@ class Option:
     flag: str
     ini: str
     help: str
-    kind: str = "string"  # string | bool | args
+    kind: str = "string"  # string | bool | args | int | float
     default: Any = None
     metavar: str | None = None
+
+    @property
+    def off_flag(self) -> str:
+        """A switch's flag that turns it off: ``--gpu-share`` -> ``--no-gpu-share``."""
+        return "--no-" + self.flag.removeprefix("--")
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -51,9 +57,9 @@ OPTIONS: tuple[Option, ...] = (
            kind="args", default=[], metavar="CODES"),
     Option("--gpu-severity", "gpu_severity", "override a rule's severity: CODE=LEVEL, e.g. "
            "GT008=error", kind="args", default=[], metavar="CODE=LEVEL"),
-    Option("--gpu-rule-param", "gpu_rule_params", "override a rule threshold: CODE.PARAM=VALUE, "
+    Option("--gpu-rule-param", "gpu_rule_param", "override a rule threshold: CODE.PARAM=VALUE, "
            "e.g. GT016.min_shm=1GiB", kind="args", default=[], metavar="CODE.PARAM=VALUE"),
-    Option("--gpu-rules-dir", "gpu_rules_dirs", "extra folder of rule files (GT###-name.toml); "
+    Option("--gpu-rules-dir", "gpu_rules_dir", "extra folder of rule files (GT###-name.toml); "
            "repeatable", kind="args", default=[], metavar="DIR"),
     Option("--gpu-annotations", "gpu_annotations", "print each warning-or-worse finding about "
            "a test as a GitHub Actions annotation at the test's line: auto (when "
@@ -66,8 +72,6 @@ OPTIONS: tuple[Option, ...] = (
 # In the ini file these ask for output, so they turn the diagnosis on as well; the others only
 # tune a diagnosis that something else turns on.
 INI_TURNS_ON = ("gpu_report", "gpu_facts_out")
-# Markdown reports to this file (GitHub Actions' job summary of the step) are appended to it.
-STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
 
 # The session's diagnosis (a ``diagnose.Diagnosis``), stored by the entry point when the
@@ -76,7 +80,12 @@ STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 # rewritten for assertions), so what a plain run does not import, it does not pay for.
 DIAGNOSIS_KEY = pytest.StashKey[Any]()
 # The ini settings that choose and tune the rules (the rule engine reads them).
-RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_params", "gpu_rules_dirs")
+RULE_SETTINGS = ("gpu_select", "gpu_ignore", "gpu_severity", "gpu_rule_param", "gpu_rules_dir")
+# Ini names given up for the naming rule, and the names that replace them. The old ones are
+# read where the new ones are not set, with a deprecation warning (both set is a usage error).
+# Both are lists, for which "not set" is empty.
+RENAMED_INI = {"gpu_rule_params": "gpu_rule_param", "gpu_rules_dirs": "gpu_rules_dir"}
+OLD_INI_NAME = {new: old for old, new in RENAMED_INI.items()}
 
 
 def diagnosing(config: pytest.Config) -> bool:
@@ -103,24 +112,79 @@ def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> N
     group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
     for option in table:
         cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
+        ini_type: Any
         if option.kind == "bool":
             group.addoption(option.flag, action="store_true", default=None, dest=option.ini,
                             help=cli_help)
-            parser.addini(option.ini, option.help, type="bool", default=option.default)
+            group.addoption(option.off_flag, action="store_false", default=None,
+                            dest=option.ini, help=f"turn {option.flag} off, whatever the ini "
+                            f"file's {option.ini} says")
+            ini_type = "bool"
         elif option.kind == "args":
             group.addoption(option.flag, action="append", default=None, dest=option.ini,
                             metavar=option.metavar, help=cli_help, type=not_empty)
-            parser.addini(option.ini, option.help, type="args", default=option.default)
+            ini_type = "args"
         else:
             group.addoption(option.flag, action="store", default=None, dest=option.ini,
                             metavar=option.metavar, help=cli_help, type=not_empty)
-            parser.addini(option.ini, option.help, type="string", default=option.default)
+            ini_type = _ini_type(option.kind)
+        parser.addini(option.ini, option.help, type=ini_type, default=option.default)
+        old = OLD_INI_NAME.get(option.ini)
+        if old is not None:
+            parser.addini(old, f"deprecated: the old name of {option.ini}", type=ini_type,
+                          default=option.default)
+
+
+def _ini_type(kind: str) -> Any:
+    """pytest's ini type for a string or number option. From pytest 9.2 a number option takes
+    a number (``gpu_benchmark_warmup = 5`` in ``[tool.pytest]``, where pytest refuses a number
+    for a string setting) or a string, which the feature parses and checks as it does the
+    command line's; before, pytest's ini types cannot say so, and both are strings."""
+    number = {"int": int, "float": float}.get(kind)
+    if number is None or pytest.version_tuple[:2] < (9, 2):
+        return "string"
+    return number | str
 
 
 def read(config: pytest.Config, ini: str) -> Any:
     """The command-line value if given, else the ini value."""
     value = config.getoption(ini, default=None)
-    return config.getini(ini) if value is None else value
+    return ini_value(config, ini) if value is None else value
+
+
+def ini_value(config: pytest.Config, ini: str) -> Any:
+    """The ini file's value of ``ini``, or of its old name where only that is set."""
+    value = config.getini(ini)
+    old = OLD_INI_NAME.get(ini)
+    return config.getini(old) if old is not None and not value else value
+
+
+def renamed_in_use(config: pytest.Config) -> list[str]:
+    """What to tell of each old ini name in use (a deprecation, naming the new one); a usage
+    error where the ini file sets both names of one setting."""
+    said = []
+    for old, new in RENAMED_INI.items():
+        if not config.getini(old):
+            continue
+        if config.getini(new):
+            raise pytest.UsageError(f"{old} is the old name of {new}, and both are set: keep "
+                                    f"{new} only")
+        said.append(f"gputrain: the ini setting {old} is now {new} (named as its flag, "
+                    f"--{new.replace('_', '-')}); rename it: the old name will stop working")
+    return said
+
+
+def is_set(config: pytest.Config, option: Option) -> bool:
+    """Whether ``option`` is given on the command line, or set in the ini file (``-o`` included)
+    to other than its default. Only then need its value be checked: a plain run loads no
+    feature's checks of values."""
+    return (config.getoption(option.ini, default=None) is not None
+            or ini_value(config, option.ini) != option.default)
+
+
+def any_set(config: pytest.Config, table: tuple[Option, ...]) -> bool:
+    """Whether any option of ``table`` is set (``is_set``)."""
+    return any(is_set(config, option) for option in table)
 
 
 def ini_folder(config: pytest.Config) -> Path:
@@ -139,25 +203,7 @@ def read_with_base(config: pytest.Config, ini: str) -> tuple[Any, Path]:
     value = config.getoption(ini, default=None)
     if value is not None:
         return value, Path(config.invocation_params.dir)
-    return config.getini(ini), ini_folder(config)
-
-
-@dataclass(frozen=True)
-class ReportTarget:
-    """One ``--gpu-report``: where, in which format, and whether to append (the step summary)."""
-
-    path: Path
-    format: str  # "json", "md" or "html"
-    append: bool = False
-
-
-@dataclass(frozen=True)
-class Settings:
-    diagnose: bool
-    reports: list[ReportTarget] = field(default_factory=list)
-    fail_on: str = "error"
-    facts_out: Path | None = None
-    annotations: bool = False  # GitHub Actions workflow annotations of the tests' findings
+    return ini_value(config, ini), ini_folder(config)
 
 
 def resolve_path(text: str, base: Path) -> Path:
@@ -168,92 +214,3 @@ def resolve_path(text: str, base: Path) -> Path:
     except RuntimeError as exc:  # Path.expanduser: "Could not determine home directory"
         raise ValueError(f"{text!r}: cannot expand '~' ({exc})") from None
     return path if path.is_absolute() else base / path
-
-
-def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> ReportTarget:
-    """``report.json``, ``summary.md``, ``report.html``, or ``FORMAT:PATH`` (md, json, html);
-    ValueError if none."""
-    kind, sep, rest = text.partition(":")
-    if sep and kind.lower() in REPORT_FORMATS and rest:
-        form, path = kind.lower(), resolve_path(rest, base)
-    else:
-        path = resolve_path(text, base)
-        form = path.suffix.lower().removeprefix(".")
-        if form not in REPORT_FORMATS:
-            raise ValueError(
-                f"{text!r} must end in .json, .md or .html, or name its format: md:PATH, "
-                f"json:PATH or html:PATH (e.g. --gpu-report=gpu-report.json, "
-                f"--gpu-report=md:${STEP_SUMMARY})")
-    summary = environ.get(STEP_SUMMARY)
-    try:
-        append = (form == "md" and bool(summary)
-                  and os.path.abspath(path) == os.path.abspath(resolve_path(str(summary), base)))
-    except ValueError:  # a summary path that cannot be expanded is not this report's
-        append = False
-    return ReportTarget(path, form, append)
-
-
-def parse_fail_on(value: object) -> str:
-    """The lowest severity that fails the session (``error`` when not set); ValueError naming
-    anything else."""
-    level = str(value or "error").strip().lower()
-    if level not in FAIL_ON:
-        raise ValueError(f"{level!r} is not one of {', '.join(FAIL_ON)}")
-    return level
-
-
-def parse_annotations(value: object, environ: Mapping[str, str]) -> bool:
-    """Whether to print workflow annotations: ``auto`` (the default) under GitHub Actions only,
-    ``always``, ``never``; ValueError naming anything else."""
-    when = str(value or "auto").strip().lower()
-    if when not in ANNOTATIONS:
-        raise ValueError(f"{when!r} is not one of {', '.join(ANNOTATIONS)}")
-    return when == "always" or (when == "auto" and environ.get("GITHUB_ACTIONS") == "true")
-
-
-def diagnosis_requested(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> bool:
-    """``--gpu-diagnose`` or ``gpu_diagnose``; any option of ``table`` on the command line;
-    or an output asked for in the ini file (``gpu_report``, ``gpu_facts_out``)."""
-    if read(config, "gpu_diagnose"):
-        return True
-    if any(config.getoption(option.ini, default=None) is not None for option in table):
-        return True
-    return any(config.getini(ini) for ini in INI_TURNS_ON)
-
-
-def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) -> Settings:
-    """Validate the diagnosis options, whether or not the diagnosis runs; a bad value is a
-    UsageError that names it. ``table``: every option of the diagnosis (the probe's too)."""
-    try:
-        fail_on = parse_fail_on(read(config, "gpu_fail_on"))
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_fail_on / --gpu-fail-on: {exc}") from None
-    reports = []
-    targets, base = read_with_base(config, "gpu_report")
-    for text in targets or []:
-        try:
-            reports.append(parse_report_target(str(text), base, os.environ))
-        except ValueError as exc:
-            raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
-    try:
-        annotations = parse_annotations(read(config, "gpu_annotations"), os.environ)
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_annotations / --gpu-annotations: {exc}") from None
-    facts_out, base = read_with_base(config, "gpu_facts_out")
-    try:
-        facts_path = resolve_path(str(facts_out), base) if facts_out else None
-    except ValueError as exc:
-        raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
-    if reports or facts_path:  # loaded only then: a plain run does not pay for it
-        from pytest_gputrain import outputs
-
-        outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
-        outputs.claim(config, "gpu_facts_out / --gpu-facts-out",
-                      [facts_path] if facts_path else [])
-    return Settings(
-        diagnose=diagnosis_requested(config, table),
-        reports=reports,
-        fail_on=fail_on,
-        facts_out=facts_path,
-        annotations=annotations,
-    )

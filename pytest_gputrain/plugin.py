@@ -65,9 +65,17 @@ def diagnosis_feature_options(pluginmanager: pytest.PytestPluginManager
 # tryfirst: the diagnosis exists before the features' pytest_configure looks for it.
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    # Every value is checked whether or not the diagnosis runs: a typo is an error in any mode.
+    for deprecation in options.renamed_in_use(config):
+        config.issue_config_time_warning(pytest.PytestDeprecationWarning(deprecation),
+                                         stacklevel=2)
     table = options.OPTIONS + diagnosis_feature_options(config.pluginmanager)
-    settings = options.read_settings(config, table)
+    if not options.any_set(config, table):
+        return  # nothing asked of the diagnosis: nothing to check, nothing to run
+    from pytest_gputrain.diagnosis_settings import read_settings
+
+    # Every value set is checked whether or not the diagnosis runs: a typo is an error in any
+    # mode.
+    settings = read_settings(config, table)
     rule_config = read_rule_config(config)
     if not settings.diagnose:
         return
@@ -105,13 +113,13 @@ def read_rule_config(config: pytest.Config) -> RuleConfig | None:
         return None
     from pytest_gputrain.engine.rule_settings import SettingError, build_config
 
-    rules_dirs, base = options.read_with_base(config, "gpu_rules_dirs")
+    rules_dirs, base = options.read_with_base(config, "gpu_rules_dir")
     try:
         return build_config(
             select=read(config, "gpu_select"),
             ignore=read(config, "gpu_ignore"),
             severity=read(config, "gpu_severity"),
-            params=read(config, "gpu_rule_params"),
+            params=read(config, "gpu_rule_param"),
             rules_dirs=rules_dirs,
             base_dir=base,
         )

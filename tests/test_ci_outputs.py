@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from pytest_gputrain.diagnosis_settings import parse_annotations
 from pytest_gputrain.findings import Finding
-from pytest_gputrain.options import parse_annotations
 from pytest_gputrain.report.annotations import annotation
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")

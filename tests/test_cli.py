@@ -242,17 +242,17 @@ def replay_in(directory: Path, path: Path, *args: str) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize(("ini_name", "ini_text"), [
-    ("pyproject.toml", '[tool.pytest.ini_options]\ngpu_rules_dirs = ["ci-rules"]\n'
+    ("pyproject.toml", '[tool.pytest.ini_options]\ngpu_rules_dir = ["ci-rules"]\n'
                        'gpu_ignore = ["GT902"]\ngpu_severity = ["GT003=warning"]\n'
-                       'gpu_rule_params = ["GT901.min_cpus=64"]\ngpu_fail_on = "warning"\n'),
-    ("pytest.ini", "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
-                   "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+                       'gpu_rule_param = ["GT901.min_cpus=64"]\ngpu_fail_on = "warning"\n'),
+    ("pytest.ini", "[pytest]\ngpu_rules_dir = ci-rules\ngpu_ignore = GT902\n"
+                   "gpu_severity = GT003=warning\ngpu_rule_param = GT901.min_cpus=64\n"
                    "gpu_fail_on = warning\n"),
-    ("tox.ini", "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
-                "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+    ("tox.ini", "[pytest]\ngpu_rules_dir = ci-rules\ngpu_ignore = GT902\n"
+                "gpu_severity = GT003=warning\ngpu_rule_param = GT901.min_cpus=64\n"
                 "gpu_fail_on = warning\n"),
-    ("setup.cfg", "[tool:pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT902\n"
-                  "gpu_severity = GT003=warning\ngpu_rule_params = GT901.min_cpus=64\n"
+    ("setup.cfg", "[tool:pytest]\ngpu_rules_dir = ci-rules\ngpu_ignore = GT902\n"
+                  "gpu_severity = GT003=warning\ngpu_rule_param = GT901.min_cpus=64\n"
                   "gpu_fail_on = warning\n"),
 ])
 def test_replay_reads_the_project_settings_as_pytest_does(
@@ -275,7 +275,7 @@ def test_replay_reads_the_project_settings_as_pytest_does(
 def test_rules_and_explain_read_the_project_settings_and_take_rootdir_and_c(
         tmp_path: Path) -> None:
     tests = project(tmp_path / "project", "pytest.ini",
-                    "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT0\n")
+                    "[pytest]\ngpu_rules_dir = ci-rules\ngpu_ignore = GT0\n")
 
     def run(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "pytest_gputrain", *args],
@@ -425,7 +425,7 @@ def test_explain_takes_no_selection_and_documents_rules_the_project_leaves_out(
     assert {"--select", "--ignore"} <= options["rules"] & options["replay"]
     assert not {"--select", "--ignore"} & options["explain"]
     tests = project(tmp_path, "pytest.ini",
-                    "[pytest]\ngpu_rules_dirs = ci-rules\ngpu_ignore = GT0\n")
+                    "[pytest]\ngpu_rules_dir = ci-rules\ngpu_ignore = GT0\n")
     explained = subprocess.run([sys.executable, "-m", "pytest_gputrain", "explain", "GT007"],
                                capture_output=True, text=True, check=False, cwd=tests)
     assert explained.returncode == 0, explained.stderr

@@ -56,7 +56,7 @@ def test_outputs_in_the_ini_file_turn_it_on_settings_alone_do_not(
     ("gpu_select = G!", "*gpu_select: 'G!' is not a rule code or code prefix*"),
     ("gpu_ignore = XY0", "*gpu_ignore: 'XY0' is not a rule code or code prefix*"),
     ("gpu_severity = GT016=fatal", "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
-    ("gpu_rule_params = GT016.min_shm", "*gpu_rule_params: 'GT016.min_shm' must be CODE.PARAM*"),
+    ("gpu_rule_param = GT016.min_shm", "*gpu_rule_param: 'GT016.min_shm' must be CODE.PARAM*"),
     ("gpu_probe = maybe", "*gpu_probe / --gpu-probe: 'maybe' must be on or off*"),
     ("gpu_profile_steps = 1-3", "*gpu_profile_steps*'1-3': the window must start at step 2*"),
 ])

@@ -180,7 +180,7 @@ def test_project_rule_directory_adds_rules(
         'message = "only {host.cpu_count_logical} CPUs"\nfix = "use a bigger runner"\n'
         'why = "workers"\n[params]\nmin_cpus = 64\n'
     )
-    pytester.makeini("[pytest]\ngpu_rules_dirs = gpu-rules\n")
+    pytester.makeini("[pytest]\ngpu_rules_dir = gpu-rules\n")
     result = pytester.runpytest("--gpu-diagnose")
     result.stdout.fnmatch_lines(["*ERROR*GT900*", "*only * CPUs*"])
     assert result.ret == 1

@@ -29,9 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_gputrain import cli, options, outputs
+from pytest_gputrain import cli, diagnosis_settings, options, outputs
 from pytest_gputrain.assertions.markers import MarkerError, parse_default_max_vram
-from pytest_gputrain.assertions.plugin import OPTIONS as ASSERTION_OPTIONS
+from pytest_gputrain.assertions.options import OPTIONS as ASSERTION_OPTIONS
 from pytest_gputrain.assertions.worker_gpus import parse_per_worker
 from pytest_gputrain.cli import main as cli_main
 from pytest_gputrain.engine.evaluate import RuleEngine
@@ -39,9 +39,10 @@ from pytest_gputrain.engine.rule_settings import SettingError, build_config, coe
 from pytest_gputrain.engine.rules import RuleFileError, builtin_rules_dir, load_rule_file
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.jsonfile import INPUT_LIMIT_VARIABLE
-from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
-from pytest_gputrain.probe.plugin import parse_profile_steps
+from pytest_gputrain.probe.options import OPTIONS as PROBE_OPTIONS
+from pytest_gputrain.probe.probe_settings import parse_profile_steps
 from pytest_gputrain.regression import settings as regression_settings
+from pytest_gputrain.regression.options import OPTIONS as REGRESSION_OPTIONS
 from pytest_gputrain.units import parse_percent, parse_size
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
@@ -93,16 +94,17 @@ VALUES = st.one_of(
 # generated "../x" would write outside the test's folder).
 PATH_OPTIONS = {"--gpu-report", "--gpu-facts-out", "--gpu-benchmark-json", "--gpu-store"}
 VALUED = [option.flag for option in (options.OPTIONS + PROBE_OPTIONS + ASSERTION_OPTIONS
-                                     + regression_settings.OPTIONS)
+                                     + REGRESSION_OPTIONS)
           if option.kind != "bool" and option.flag not in PATH_OPTIONS]
 
 RULE = next(rule for rule in (load_rule_file(path) for path in
                               sorted(builtin_rules_dir().glob("*.toml"))) if rule.params)
 
 PARSERS: list[tuple[str, Callable[[str], Any], tuple[type[BaseException], ...]]] = [
-    ("parse_fail_on", options.parse_fail_on, (ValueError,)),
+    ("parse_fail_on", diagnosis_settings.parse_fail_on, (ValueError,)),
     ("parse_report_target",
-     lambda v: options.parse_report_target(v, Path("/nonexistent-base"), {}), (ValueError,)),
+     lambda v: diagnosis_settings.parse_report_target(v, Path("/nonexistent-base"), {}),
+     (ValueError,)),
     ("not_empty", options.not_empty, (argparse.ArgumentTypeError,)),
     ("build_config", lambda v: build_config(select=v, ignore=v, severity=v, params=v,
                                             rules_dirs=v), (SettingError,)),

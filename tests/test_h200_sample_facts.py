@@ -40,11 +40,11 @@ SAMPLES = sorted(path.stem for path in RECORDED.glob("*.json"))
 
 
 def rule_params(args: list[str]) -> list[str]:
-    """The ``gpu_rule_params`` a sample's ``args`` set (``-o gpu_rule_params=A.b=1 C.d=2``)."""
+    """The ``gpu_rule_param`` a sample's ``args`` set (``-o gpu_rule_param=A.b=1 C.d=2``)."""
     params: list[str] = []
     for flag, value in itertools.pairwise(args):
         key, _, text = value.partition("=")
-        if flag == "-o" and key == "gpu_rule_params":
+        if flag == "-o" and key in ("gpu_rule_param", "gpu_rule_params"):
             params.extend(shlex.split(text))
     return params
 

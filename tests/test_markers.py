@@ -259,7 +259,7 @@ def test_summary_counts_failures(pytester: pytest.Pytester) -> None:
 
 
 @pytest.mark.parametrize("how", ["cli", "ini"])
-def test_gpu_required_turns_skips_into_failures(pytester: pytest.Pytester, how: str) -> None:
+def test_gpu_required_turns_skips_into_errors(pytester: pytest.Pytester, how: str) -> None:
     fake_project(pytester, "cpu_inventory()")
     pytester.makepyfile(GPU_AND_CPU_TESTS + """
     def test_user_skip(gpu):
@@ -269,10 +269,14 @@ def test_gpu_required_turns_skips_into_failures(pytester: pytest.Pytester, how: 
     if how == "ini":
         pytester.makeini("[pytest]\ngpu_required = true\n")
     result = pytester.runpytest(*args)
+    # A skip refused at setup is an error, for pytest and for the plugin's tally alike.
     result.assert_outcomes(passed=1, errors=5)
     result.stdout.fnmatch_lines([
         "gpu-required: this GPU test would have been skipped: no CUDA GPU: torch 2.13.0+cpu*",
-        "gputrain: 5 GPU tests: 0 ran, 0 skipped, 5 failed (--gpu-required: skips fail)",
+        "(--gpu-required / gpu_required makes such a skip an error at its setup)",
+        "gputrain: 5 GPU tests: 0 ran, 0 skipped, 0 failed, 5 errors (--gpu-required: no GPU "
+        "test may skip)",
+        "*1 passed, 5 errors*",
     ])
     assert result.ret == 1
 
@@ -287,8 +291,21 @@ def test_gpu_required_fails_a_skip_inside_the_test_too(pytester: pytest.Pytester
             pytest.skip("missing dataset")
     """)
     result = pytester.runpytest("--gpu-required")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*would have been skipped: missing dataset"])
+    result.assert_outcomes(failed=1)  # in its body, not at its setup: a failure
+    result.stdout.fnmatch_lines([
+        "*would have been skipped: missing dataset",
+        "*(--gpu-required / gpu_required makes such a skip a failure)",
+        "gputrain: 1 GPU test: 1 ran, 0 skipped, 1 failed (--gpu-required: no GPU test may "
+        "skip)"])
+
+
+def test_gpu_required_is_turned_off_from_the_command_line(pytester: pytest.Pytester) -> None:
+    fake_project(pytester, "cpu_inventory()")
+    pytester.makepyfile(GPU_AND_CPU_TESTS)
+    pytester.makeini("[pytest]\ngpu_required = true\n")
+    result = pytester.runpytest("--no-gpu-required")
+    result.assert_outcomes(passed=1, skipped=4)
+    assert result.ret == 0
 
 
 def test_gpu_required_passes_when_the_gpu_is_there(pytester: pytest.Pytester) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from pytest_gputrain import options
-from pytest_gputrain.assertions.plugin import OPTIONS as ASSERTION_OPTIONS
+from pytest_gputrain.assertions.options import OPTIONS as ASSERTION_OPTIONS
 from pytest_gputrain.cli import main as cli_main
-from pytest_gputrain.probe.plugin import OPTIONS as PROBE_OPTIONS
+from pytest_gputrain.probe.options import OPTIONS as PROBE_OPTIONS
 from pytest_gputrain.regression.benchmark import BenchmarkOptions
-from pytest_gputrain.regression.settings import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
-from pytest_gputrain.regression.settings import OPTIONS as REGRESSION_OPTIONS
+from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
+from pytest_gputrain.regression.options import OPTIONS as REGRESSION_OPTIONS
 from pytest_gputrain.regression.store_sqlite import SqliteStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
@@ -42,7 +42,7 @@ def test_an_empty_value_on_the_command_line_is_a_usage_error_naming_the_option(
 
 def test_an_empty_value_in_the_ini_file_is_unset(pytester: pytest.Pytester) -> None:
     # pytest's getini gives the same "" for a key that is absent and one left empty.
-    pytester.makeini("[pytest]\ngpu_fail_on =\ngpu_rule_params =\ngpu_save =\n"
+    pytester.makeini("[pytest]\ngpu_fail_on =\ngpu_rule_param =\ngpu_save =\n"
                      "gpu_regression =\ngpu_max_vram =\n")
     pytester.makepyfile("def test_ok(): pass")
     assert pytester.runpytest().ret == 0

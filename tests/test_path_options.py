@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain import options
+from pytest_gputrain import diagnosis_settings
 from pytest_gputrain.plugin import read_rule_config
 from pytest_gputrain.regression import settings as regression_settings
 
@@ -18,7 +18,7 @@ from pytest_gputrain.regression import settings as regression_settings
 PATH_OPTIONS = {
     "gpu_report": ("--gpu-report", "out/report.json"),
     "gpu_facts_out": ("--gpu-facts-out", "out/facts.json"),
-    "gpu_rules_dirs": ("--gpu-rules-dir", "out/rules"),
+    "gpu_rules_dir": ("--gpu-rules-dir", "out/rules"),
     "gpu_store": ("--gpu-store", "out/store.sqlite"),
     "gpu_benchmark_json": ("--gpu-benchmark-json", "out/bench.json"),
 }
@@ -26,12 +26,12 @@ PATH_OPTIONS = {
 
 def resolved(config: pytest.Config) -> dict[str, Any]:
     """Every path option as the feature that reads it resolves it."""
-    diagnosis = options.read_settings(config)
+    diagnosis = diagnosis_settings.read_settings(config)
     regression = regression_settings.read_settings(config)
     rules = read_rule_config(config)
     assert rules is not None
     return {"gpu_report": diagnosis.reports[0].path, "gpu_facts_out": diagnosis.facts_out,
-            "gpu_rules_dirs": rules.extra_dirs[0], "gpu_store": regression.store,
+            "gpu_rules_dir": rules.extra_dirs[0], "gpu_store": regression.store,
             "gpu_benchmark_json": regression.json_path}
 
 
@@ -86,7 +86,7 @@ def test_home_and_absolute_paths_stay_as_they_are(pytester: pytest.Pytester, sub
     paths = resolved(pytester.parseconfig(*args))
     home, absolute = pytester.path / "home", pytester.path / "abs"
     assert paths == {"gpu_report": absolute / "report.json",
-                     "gpu_facts_out": absolute / "facts.json", "gpu_rules_dirs": home / "rules",
+                     "gpu_facts_out": absolute / "facts.json", "gpu_rules_dir": home / "rules",
                      "gpu_store": home / "store.sqlite", "gpu_benchmark_json": home / "bench.json"}
 
 

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_gputrain.probe import failures, loader, plugin, run, torch_hooks, window_analysis
+from pytest_gputrain.probe import (
+    failures,
+    hooks,
+    loader,
+    probe_settings,
+    run,
+    torch_hooks,
+    window_analysis,
+)
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
     LoaderWaits,
@@ -588,13 +596,13 @@ def test_processes_per_host() -> None:
     (None, (3, 6)),
 ])
 def test_parse_profile_steps(text: str | None, expected: tuple[int, int] | None) -> None:
-    assert plugin.parse_profile_steps(text) == expected
+    assert probe_settings.parse_profile_steps(text) == expected
 
 
 @pytest.mark.parametrize("text", ["1-3", "6-3", "a-b", "3-"])
 def test_parse_profile_steps_rejects(text: str) -> None:
     with pytest.raises(ValueError):
-        plugin.parse_profile_steps(text)
+        probe_settings.parse_profile_steps(text)
 
 
 def test_nvml_timeline_facts() -> None:
@@ -653,8 +661,8 @@ def test_allocator_backend_reads_torch_and_never_raises() -> None:
 def test_cpu_parametrized_reads_the_tests_parameters(params: dict[str, Any],
                                                      expected: bool) -> None:
     item = types.SimpleNamespace(callspec=types.SimpleNamespace(params=params))
-    assert plugin.cpu_parametrized(item) is expected  # type: ignore[arg-type]
-    assert plugin.cpu_parametrized(types.SimpleNamespace()) is False  # type: ignore[arg-type]
+    assert hooks.cpu_parametrized(item) is expected  # type: ignore[arg-type]
+    assert hooks.cpu_parametrized(types.SimpleNamespace()) is False  # type: ignore[arg-type]
 
 
 def test_run_facts_are_json_round_trippable() -> None:

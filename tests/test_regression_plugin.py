@@ -1121,7 +1121,7 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
         "*--gpu-save=NAME*", "*--gpu-compare=NAME|#ID|latest*", "*--gpu-regression=SPEC*",
         "*step_time:5%,peak_vram:2%*", "*--gpu-benchmark-json=PATH*",
         "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
-        "*--gpu-benchmark-skip*",
+        "*--gpu-benchmark-skip*", "*--gpu-benchmark-only*",
     ])
     result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*",
                                  "*--gpu-cannot-tell=pass|warn|fail*"])
@@ -1129,11 +1129,12 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
                 "gpu_step_summary", "gpu_cannot_tell",
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
-                "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip"):
+                "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip",
+                "gpu_benchmark_only"):
         result.stdout.fnmatch_lines([f"  {ini} (*"])
 
 
-# -- ordinary runs: --gpu-benchmark-disable and --gpu-benchmark-skip -------------------------
+# -- ordinary runs: --gpu-benchmark-disable, --gpu-benchmark-skip and --gpu-benchmark-only ---
 
 UNTIMED_TESTS = """
 import pytest
@@ -1193,6 +1194,46 @@ def test_benchmark_skip_skips_the_benchmarks(pytester: pytest.Pytester, how: str
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs", *args)
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*SKIPPED*uses gpu_benchmark (--gpu-benchmark-skip)*"])
+
+
+@pytest.mark.parametrize("how", ["option", "ini"])
+def test_benchmark_only_deselects_the_other_tests_and_says_why(pytester: pytest.Pytester,
+                                                               how: str) -> None:
+    pytester.makeini("[pytest]\ngpu_benchmark_only = true\n" if how == "ini" else "[pytest]\n")
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    args = ["--gpu-benchmark-only"] if how == "option" else []
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v", *args)
+    result.assert_outcomes(passed=2, deselected=1)
+    assert "test_plain" not in result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "gputrain: 1 deselected: not benchmarks (--gpu-benchmark-only runs only the tests that "
+        "use gpu_benchmark)",
+        "*2 passed, 1 deselected*"])
+
+
+def test_benchmark_only_is_turned_off_from_the_command_line(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ngpu_benchmark_only = true\n")
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--no-gpu-benchmark-only")
+    result.assert_outcomes(passed=3)
+    assert "not benchmarks" not in result.stdout.str()
+
+
+def test_benchmark_only_under_xdist_says_why_on_the_controller(pytester: pytest.Pytester
+                                                               ) -> None:
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2",
+                                           "--gpu-benchmark-only")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["gputrain: 1 deselected: not benchmarks*"])
+
+
+def test_benchmark_only_and_skip_contradict_each_other(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_untimed=UNTIMED_TESTS)
+    result = pytester.runpytest("--gpu-benchmark-only", "--gpu-benchmark-skip")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu_benchmark_only / --gpu-benchmark-only: cannot be "
+                                 "combined with gpu_benchmark_skip*"])
 
 
 # -- python -m pytest_gputrain compare, and the CI recipe ---------------------------------------

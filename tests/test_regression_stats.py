@@ -395,10 +395,7 @@ def test_throttled_rounds() -> None:
 
 
 def test_the_default_thresholds_are_the_default_regression_spec_parsed() -> None:
-    from pytest_gputrain.regression.settings import (
-        DEFAULT_REGRESSION,
-        DEFAULT_THRESHOLDS,
-        parse_thresholds,
-    )
+    from pytest_gputrain.regression.options import DEFAULT_REGRESSION
+    from pytest_gputrain.regression.settings import DEFAULT_THRESHOLDS, parse_thresholds
 
     assert parse_thresholds(DEFAULT_REGRESSION) == DEFAULT_THRESHOLDS

@@ -17,9 +17,9 @@ import report_cases
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from pytest_gputrain.diagnosis_settings import parse_report_target
 from pytest_gputrain.distributed import analysis
 from pytest_gputrain.facts import FactsFile
-from pytest_gputrain.options import parse_report_target
 from pytest_gputrain.probe.run import RunProbe
 from pytest_gputrain.report.html import assets, report_html
 from pytest_gputrain.report.page import anchor_of, build_page

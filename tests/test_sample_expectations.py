@@ -77,7 +77,7 @@ def test_the_runner_passes_a_samples_arguments_and_they_are_valid_settings() -> 
         args = runner.sample_args(name, spec)
         # only ini overrides of rule parameters are used: each must name a real parameter
         for flag, value in zip(args[::2], args[1::2], strict=True):
-            assert flag == "-o" and value.startswith("gpu_rule_params="), (name, args)
+            assert flag == "-o" and value.startswith("gpu_rule_param="), (name, args)
             RuleEngine.load(build_config(params=value.split("=", 1)[1]))
 
 

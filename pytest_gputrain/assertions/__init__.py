@@ -7,8 +7,10 @@
   ``--gpu-share`` (each with an ini twin);
 - the ``pytest_gputrain_backend`` hook and ``testing.FakeBackend`` to run all of it on a CPU.
 
-See docs/assertions.md. Modules: ``plugin`` (hooks), ``markers`` (argument parsing),
-``requirements`` (requires_cuda), ``memory`` (max_vram), ``utilization`` (min_utilization),
-``measure`` (per-test measurements), ``fixtures``, ``xdist`` (pinning), ``backend`` (the seam to
-torch and NVML), ``testing`` (the fake backend).
+See docs/assertions.md. Modules: ``plugin`` (hooks and fixtures), ``options`` (the option
+table), ``assertion_settings`` (the options' values, checked), ``gpu_checks`` (what the hooks do
+once a GPU test is found), ``marker_names``, ``markers`` (argument parsing), ``requirements``
+(requires_cuda), ``memory`` (max_vram), ``utilization`` (min_utilization), ``measure``
+(per-test measurements), ``failure`` (a failed limit's text), ``worker_gpus`` (xdist pinning),
+``backend`` (the seam to torch and NVML), ``testing`` (the fake backend).
 """

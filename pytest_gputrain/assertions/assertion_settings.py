@@ -1,15 +1,24 @@
-"""The GPU assertions' settings, read from their options by ``plugin.py`` and used by
-``gpu_checks.py``: kept apart so that neither module imports the other for it."""
+"""The GPU assertions' options (``options.py``) read into ``AssertionSettings``, every value
+checked: a bad one is a usage error that names it. Used by ``plugin.py`` and ``gpu_checks.py``:
+kept apart so that neither module imports the other for it.
+
+Loaded where an option of the assertions is set, or when the run-time part or the pinning of
+workers needs the settings; a plain run does not load it.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_gputrain.assertions.options import DEFAULT_HISTORY
+from pytest_gputrain.options import read
 
 if TYPE_CHECKING:
     from pytest_gputrain.assertions.markers import MaxVram
-
-DEFAULT_HISTORY = 20000  # allocation-history entries recorded for a max_vram failure
 
 
 @dataclass(frozen=True)
@@ -19,3 +28,40 @@ class AssertionSettings:
     history_entries: int = DEFAULT_HISTORY
     per_worker: int | None = None
     share: bool = False
+
+
+def read_settings(config: pytest.Config) -> AssertionSettings:
+    """The assertion options, validated; a bad value is a usage error that names it."""
+    default_text = read(config, "gpu_max_vram")
+    default = None
+    if default_text not in (None, ""):
+        from pytest_gputrain.assertions import markers
+
+        try:
+            default = markers.parse_default_max_vram(str(default_text))
+        except markers.MarkerError as exc:
+            raise pytest.UsageError(f"gpu_max_vram / --gpu-max-vram: {exc}") from None
+    history_text = str(read(config, "gpu_vram_history") or "0").strip()
+    # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
+    if not re.fullmatch(r"[0-9]{1,9}", history_text):
+        from pytest_gputrain.units import shown
+
+        raise pytest.UsageError(
+            f"gpu_vram_history / --gpu-vram-history: {shown(history_text)} is not a whole "
+            f"number of entries from 0 to 999999999 (e.g. --gpu-vram-history={DEFAULT_HISTORY}, "
+            "0 turns it off)")
+    return AssertionSettings(
+        required=bool(read(config, "gpu_required")),
+        default_max_vram=default,
+        history_entries=int(history_text),
+        per_worker=_per_worker(read(config, "gpu_per_worker")),
+        share=bool(read(config, "gpu_share")),
+    )
+
+
+def _per_worker(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None  # the usual case: the pinning's module is not even imported
+    from pytest_gputrain.assertions.worker_gpus import parse_per_worker
+
+    return parse_per_worker(value)

@@ -1,9 +1,10 @@
 """The GPU assertions at run time: requirements, measurements, limits, OOM clean-up, the tally.
 
-Loaded by ``plugin.py`` only when a session needs it: when collection finds a GPU test, when
-tests are about to run (any test may run out of CUDA memory), or for xdist pinning. A collect-
-only run of a suite with no GPU test never imports it (pytest compiles every module it imports
-at start-up anew where bytecode is not cached, so a plain run pays for every line it loads).
+Loaded by ``plugin.py`` only when a session needs it: when collection finds a GPU test, a test
+asks for a GPU fixture, a test fails while torch is loaded (it may have run out of CUDA
+memory), or for xdist pinning. A run of a suite with no GPU test and no torch never imports it
+(pytest compiles every module it imports anew where bytecode is not cached, so a plain run pays
+for every line it loads).
 The hooks are the assertions' plugin object's (``plugin.py``): each calls a method here.
 
 Order of events for a GPU test:
@@ -51,8 +52,12 @@ MarkArgs = tuple[str, tuple[Any, ...], "Mapping[str, Any]"]  # a marker: name, a
 
 @dataclass
 class _Tally:
+    """One GPU test's outcome, counted as pytest counts it: a failed call is a failure, a failed
+    setup or teardown an error (which is what a skip --gpu-required refuses at setup becomes)."""
+
     ran: bool = False
     failed: bool = False
+    error: bool = False
     skip_reason: str | None = None
 
 
@@ -234,8 +239,10 @@ class GpuAssertions:
                 and not hasattr(report, "wasxfail")):
             reason = _skip_reason(report)
             report.outcome = "failed"
+            # pytest counts a failed setup as an error, a failed call as a failure: say which.
+            became = "a failure" if report.when == "call" else "an error at its setup"
             report.longrepr = (f"gpu-required: this GPU test would have been skipped: {reason}\n"
-                               "(--gpu-required / gpu_required turns such skips into failures)")
+                               f"(--gpu-required / gpu_required makes such a skip {became})")
 
     def _judge(self, item: pytest.Item, spec: markers.GpuTestSpec,
                report: pytest.TestReport) -> None:
@@ -344,8 +351,10 @@ class GpuAssertions:
             return
         tally = self.tally.setdefault(report.nodeid, _Tally())
         xfail = hasattr(report, "wasxfail")
-        if report.failed:
+        if report.failed and report.when == "call":
             tally.failed = True
+        elif report.failed:
+            tally.error = True
         if report.skipped and not xfail:
             tally.skip_reason = _skip_reason(report)
         elif report.when == "call":
@@ -392,13 +401,18 @@ def _write_tally(terminalreporter: Any, tallies: list[_Tally], required: bool) -
         return
     ran = sum(t.ran for t in tallies)
     failed = sum(t.failed for t in tallies)
-    skipped = [t.skip_reason for t in tallies if t.skip_reason is not None and not t.failed]
+    errors = sum(t.error for t in tallies)
+    skipped = [t.skip_reason for t in tallies
+               if t.skip_reason is not None and not (t.failed or t.error)]
     total = len(tallies)
     text = (f"gputrain: {total} GPU test{'s' if total != 1 else ''}: {ran} ran, "
             f"{len(skipped)} skipped, {failed} failed")
+    if errors:  # named as pytest's summary names them
+        text += f", {errors} error{'s' if errors != 1 else ''}"
     if required:
-        text += " (--gpu-required: skips fail)"
-    markup = {"red": True} if failed else {"yellow": True} if skipped else {"green": True}
+        text += " (--gpu-required: no GPU test may skip)"
+    bad = failed or errors
+    markup = {"red": True} if bad else {"yellow": True} if skipped else {"green": True}
     terminalreporter.write_line(text, **markup)
     for reason, count in Counter(skipped).most_common(3):
         terminalreporter.write_line(f"  skipped {count}: {reason}")

@@ -1,18 +1,20 @@
 """Hooks of the GPU assertions: options, markers, finding GPU tests, the ``gpu`` and
 ``gpu_monitor`` fixtures, xdist pinning; all of them the ``AssertionsPlugin`` object's.
 
-Import-light: importing this module imports neither torch nor pydantic, and the plugin object
-loads the assertions' run-time part (``gpu_checks.py``: requirements, measurements, limits, OOM
-clean-up) only when the session needs it: collection found a GPU test, tests are about to run,
-or workers are pinned to GPUs. A collect-only run of a suite without GPU tests costs one look
-at each module's and class's markers and each test's own. The GPU stack is reached through a
-backend (``backend.GpuBackend``), created on first use through the ``pytest_gputrain_backend``
-hook, so tests can replace it.
+Import-light, as every run loads it: importing this module imports neither torch nor pydantic.
+The options' values are read and checked (``assertion_settings.py``) where one is set, and the
+plugin object loads the assertions' run-time part (``gpu_checks.py``: requirements,
+measurements, limits, OOM clean-up) only when the session needs it: collection found a GPU
+test, a test asked for a GPU fixture, a test failed while torch is loaded (a CUDA out-of-memory
+error?), or workers are pinned. A run of a suite without GPU tests costs one look at each
+module's and class's markers and each test's own. The GPU stack is reached through a backend
+(``backend.GpuBackend``), created on first use through the ``pytest_gputrain_backend`` hook, so
+tests can replace it.
 """
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +22,13 @@ import pytest
 
 from pytest_gputrain import feature_plugins, options
 from pytest_gputrain.assertions import marker_names
-from pytest_gputrain.assertions.assertion_settings import DEFAULT_HISTORY, AssertionSettings
+from pytest_gputrain.assertions.options import OPTIONS
 from pytest_gputrain.xdist import is_xdist_worker, send_to_controller
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from pytest_gputrain.assertions.assertion_settings import AssertionSettings
     from pytest_gputrain.assertions.gpu_checks import GpuAssertions
     from pytest_gputrain.assertions.worker_gpus import XdistPinning
     from pytest_gputrain.collect.sampler import NvmlSampler
@@ -33,80 +36,21 @@ if TYPE_CHECKING:
 PLUGIN_NAME = "gputrain-assertions"
 PLUGIN_KEY = pytest.StashKey["AssertionsPlugin"]()
 
-OPTIONS: tuple[options.Option, ...] = (
-    options.Option(
-        "--gpu-required", "gpu_required",
-        "GPU tests that would be skipped (no usable GPU, unmet requires_cuda) fail instead: "
-        "for GPU CI runners that must not pass vacuously", kind="bool", default=False),
-    options.Option(
-        "--gpu-max-vram", "gpu_max_vram",
-        "peak-VRAM limit for every GPU test without its own max_vram marker: SIZE or "
-        "SIZE:MEASURE, e.g. 20GiB or 20GiB:reserved", metavar="SIZE"),
-    options.Option(
-        "--gpu-vram-history", "gpu_vram_history",
-        "allocator events to record (Python stacks) in tests with a max_vram marker, to show "
-        f"the top allocations when one fails; 0 turns recording off (default {DEFAULT_HISTORY})",
-        default=str(DEFAULT_HISTORY), metavar="ENTRIES"),
-    options.Option(
-        "--gpu-per-worker", "gpu_per_worker",
-        "pytest-xdist: give each worker N GPUs through CUDA_VISIBLE_DEVICES, taken from the "
-        "caller's CUDA_VISIBLE_DEVICES when set; more workers than GPUs is an error without "
-        "--gpu-share", metavar="N"),
-    options.Option(
-        "--gpu-share", "gpu_share",
-        "pytest-xdist with --gpu-per-worker: let workers share GPUs round-robin when there are "
-        "more workers than GPUs", kind="bool", default=False),
-)
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser, OPTIONS)
-
-
-def read_settings(config: pytest.Config) -> AssertionSettings:
-    """The assertion options, validated; a bad value is a usage error that names it."""
-    read = options.read
-    default_text = read(config, "gpu_max_vram")
-    default = None
-    if default_text not in (None, ""):
-        from pytest_gputrain.assertions import markers
-
-        try:
-            default = markers.parse_default_max_vram(str(default_text))
-        except markers.MarkerError as exc:
-            raise pytest.UsageError(f"gpu_max_vram / --gpu-max-vram: {exc}") from None
-    history_text = str(read(config, "gpu_vram_history") or "0").strip()
-    # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
-    if not re.fullmatch(r"[0-9]{1,9}", history_text):
-        from pytest_gputrain.units import shown
-
-        raise pytest.UsageError(
-            f"gpu_vram_history / --gpu-vram-history: {shown(history_text)} is not a whole "
-            f"number of entries from 0 to 999999999 (e.g. --gpu-vram-history={DEFAULT_HISTORY}, "
-            "0 turns it off)")
-    return AssertionSettings(
-        required=bool(read(config, "gpu_required")),
-        default_max_vram=default,
-        history_entries=int(history_text),
-        per_worker=_per_worker(read(config, "gpu_per_worker")),
-        share=bool(read(config, "gpu_share")),
-    )
-
-
-def _per_worker(value: Any) -> int | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None  # the usual case: the pinning's module is not even imported
-    from pytest_gputrain.assertions.worker_gpus import parse_per_worker
-
-    return parse_per_worker(value)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     for line in marker_names.MARKER_HELP:
         config.addinivalue_line("markers", line)
-    plugin = feature_plugins.register(config, PLUGIN_KEY,
-                                      AssertionsPlugin(config, read_settings(config)),
+    settings = None
+    if options.any_set(config, OPTIONS):  # checked now: a typo is an error in any run
+        from pytest_gputrain.assertions.assertion_settings import read_settings
+
+        settings = read_settings(config)
+    plugin = feature_plugins.register(config, PLUGIN_KEY, AssertionsPlugin(config, settings),
                                       PLUGIN_NAME)
     plugin.pin_workers()
 
@@ -151,12 +95,21 @@ class AssertionsPlugin:
     is the final one.
     """
 
-    def __init__(self, config: pytest.Config, settings: AssertionSettings) -> None:
+    def __init__(self, config: pytest.Config, settings: AssertionSettings | None) -> None:
         self.config = config
-        self.settings = settings
+        self._settings = settings  # None: no option of the assertions is set
         self._runtime: GpuAssertions | None = None
         self.pinning: XdistPinning | None = None
         self.notes_for_controller: list[str] = []  # a worker's, about its pinning
+
+    @property
+    def settings(self) -> AssertionSettings:
+        """The options' values; where none is set, the defaults (loaded on first need)."""
+        if self._settings is None:
+            from pytest_gputrain.assertions.assertion_settings import AssertionSettings
+
+            self._settings = AssertionSettings()
+        return self._settings
 
     @property
     def runtime(self) -> GpuAssertions:
@@ -170,8 +123,11 @@ class AssertionsPlugin:
     def pin_workers(self) -> None:
         """A worker: pin it now, before anything initialises CUDA in this process. The
         controller: get ready to give each worker its GPUs."""
+        worker = is_xdist_worker(self.config)
+        if self._settings is None and not worker:
+            return  # --gpu-per-worker is not set: nothing to pin
         settings, count_gpus = self.settings, lambda: self.runtime.count_gpus()
-        if is_xdist_worker(self.config):
+        if worker:
             from pytest_gputrain.assertions.worker_gpus import pin_worker
 
             pin_worker(self.config, settings.per_worker, settings.share, count_gpus,
@@ -188,7 +144,7 @@ class AssertionsPlugin:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """Find the GPU tests (a GPU marker on the test or its module or class, or a GPU fixture)
         and hand them to the run-time part, which parses their markers."""
-        names, fixtures = marker_names.GPU_MARKERS, marker_names.GPU_FIXTURES
+        names, fixtures = marker_names.GPU_MARKERS, frozenset(marker_names.GPU_FIXTURES)
         inherited: dict[int, list[tuple[str, tuple[Any, ...], Mapping[str, Any]]]] = {}
 
         def gpu_marks(node: Any) -> list[tuple[str, tuple[Any, ...], Mapping[str, Any]]]:
@@ -203,42 +159,45 @@ class AssertionsPlugin:
             return inherited[key]
 
         found = []
-        for item in items:
-            own = [(m.name, m.args, m.kwargs) for m in item.own_markers if m.name in names]
+        for item in items:  # most tests have no marker of their own and no GPU fixture
+            marks = [(m.name, m.args, m.kwargs) for m in item.own_markers
+                     if m.name in names] if item.own_markers else []
             parent = item.parent
-            marks = own + gpu_marks(parent) if parent is not None else own
-            fixturenames = getattr(item, "fixturenames", ())
-            if marks or any(name in fixturenames for name in fixtures):
+            if parent is not None:
+                marks += gpu_marks(parent)
+            if marks or not fixtures.isdisjoint(getattr(item, "fixturenames", ())):
                 found.append((item, marks))
         if found:
             self.runtime.adopt(found, items)
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session: pytest.Session) -> None:
-        """Tests are about to run: any of them may run out of CUDA memory, so the run-time part
-        (OOM clean-up, the GPU tests' tally) is in place from the first."""
-        if not session.config.option.collectonly:
-            _ = self.runtime  # loads it
-
-    # Each test: the run-time part's (loaded by now)
+    # Each test: the run-time part's, where it is loaded (a GPU test was found, a GPU fixture
+    # was used, workers are pinned) or now needed: a test failed while torch is loaded, which
+    # may be a CUDA out-of-memory error to explain and clean up after. Otherwise a test is no
+    # GPU test's business and costs a look at ``_runtime``.
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        self.runtime.setup(item)
+        if self._runtime is not None:
+            self._runtime.setup(item)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        self.runtime.call_started(item)
+        if self._runtime is not None:
+            self._runtime.call_started(item)
         try:
             return (yield)
         finally:
-            self.runtime.call_finished(item)
+            if self._runtime is not None:  # a GPU fixture the test asked for in its body
+                self._runtime.call_finished(item)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]
                                   ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        self.runtime.judge_report(item, call, report)
+        may_be_oom = (call.when == "call" and call.excinfo is not None
+                      and "torch" in sys.modules)
+        if self._runtime is not None or may_be_oom:
+            self.runtime.judge_report(item, call, report)
         return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -247,7 +206,8 @@ class AssertionsPlugin:
         try:
             return (yield)
         finally:
-            self.runtime.teardown_finished(item)
+            if self._runtime is not None:
+                self._runtime.teardown_finished(item)
 
     # Not tryfirst: pytest's capture of warnings (a tryfirst wrapper) takes the clean-up's.
     @pytest.hookimpl(wrapper=True)
@@ -256,11 +216,14 @@ class AssertionsPlugin:
         try:
             return (yield)
         finally:
-            self.runtime.protocol_finished(item)
+            if self._runtime is not None:
+                self._runtime.protocol_finished(item)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self._runtime is not None:
-            self._runtime.tally_report(report)
+        # A GPU test's report (on the xdist controller: a worker's, the tests never collected
+        # here) goes to the tally.
+        if getattr(report, "gputrain_gpu_test", False):
+            self.runtime.tally_report(report)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.pinning is not None:

@@ -14,15 +14,15 @@ the findings to the test's report section "gputrain diagnosis" and to the sessio
 JSON report (``sections["distributed"]``; under xdist the records reach the controller with the
 others).
 A test that wraps a model in ``nn.DataParallel`` in its own process is recorded too (GT304).
-That part is ``diagnosis.py``, loaded only when the diagnosis runs.
+That part is ``diagnosis.py``, loaded only when the diagnosis runs; the fixture's runner and the
+marker's launch are ``runner.py``, loaded when a test uses either.
 
 Importing this module imports neither torch nor pydantic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from pytest_gputrain.distributed.diagnosis import (  # noqa: F401 (stash key type)
         DistributedDiagnosis,
     )
+    from pytest_gputrain.distributed.runner import DistributedRunner
 
 MARKER = "distributed"
 SCOPE = "distributed"
@@ -68,84 +69,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# Fixture and marker
-
-
-def _marker_options(item: pytest.Item) -> dict[str, Any]:
-    marker = item.get_closest_marker(MARKER)
-    if marker is None:
-        return {}
-    options = dict(marker.kwargs)
-    if marker.args:
-        options.setdefault("world_size", marker.args[0])
-    unknown = set(options) - {"world_size", "backend", "timeout", "collective_timeout", "env",
-                              "init_process_group"}
-    if unknown:
-        raise pytest.UsageError(
-            f"{item.nodeid}: @pytest.mark.distributed got unknown option(s) "
-            f"{', '.join(sorted(unknown))}; allowed: world_size, backend, timeout, "
-            "collective_timeout, env, init_process_group")
-    return options
-
-
-class DistributedRunner:
-    """The ``distributed`` fixture: launches rank functions for the current test.
-
-    ``run(fn, world_size=..., ...)`` returns the per-rank results (see ``run_ranks``);
-    ``launch(...)`` returns the whole :class:`Launch` (results, pids, facts); ``last`` is the
-    latest launch. Defaults come from the test's ``@pytest.mark.distributed(...)`` if any.
-    """
-
-    def __init__(self, nodeid: str, defaults: Mapping[str, Any]) -> None:
-        self.nodeid = nodeid
-        self.defaults = dict(defaults)
-        self.last: Any = None
-
-    def launch(self, fn: Callable[..., Any], world_size: int | None = None,
-               backend: str | None = None, timeout: float | None = None,
-               args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-               env: Mapping[str, str] | None = None, **options: Any) -> Any:
-        from pytest_gputrain.distributed.launcher import launch
-
-        settings = dict(self.defaults)
-        for key, value in (("world_size", world_size), ("backend", backend),
-                           ("timeout", timeout), ("env", env)):
-            if value is not None:
-                settings[key] = value
-        settings.update(options)
-        self.last = launch(fn, args=args, kwargs=kwargs, test=self.nodeid, **settings)
-        return self.last
-
-    def run(self, fn: Callable[..., Any], world_size: int | None = None,
-            backend: str | None = None, timeout: float | None = None,
-            args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-            env: Mapping[str, str] | None = None, **options: Any) -> list[Any]:
-        launched = self.launch(fn, world_size, backend, timeout, args, kwargs, env, **options)
-        return list(launched.results)
+# Fixture and marker: what they do is runner.py's, loaded when a test uses one
 
 
 @pytest.fixture
 def distributed(request: pytest.FixtureRequest) -> DistributedRunner:
     """Run module-level functions on N ranks (one process per GPU; gloo on CPU)."""
-    return DistributedRunner(request.node.nodeid, _marker_options(request.node))
+    from pytest_gputrain.distributed.runner import DistributedRunner, marker_options
+
+    return DistributedRunner(request.node.nodeid,
+                             marker_options(request.node.nodeid,
+                                            request.node.get_closest_marker(MARKER)))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if pyfuncitem.get_closest_marker(MARKER) is None:
+    marker = pyfuncitem.get_closest_marker(MARKER)
+    if marker is None:
         return None
-    if "distributed" in pyfuncitem.fixturenames:
-        return None  # the test launches ranks itself; the marker only gives defaults
-    from pytest_gputrain.distributed.launcher import in_rank, launch
+    from pytest_gputrain.distributed.runner import run_marked
 
-    if in_rank():
-        return None
-    function = pyfuncitem.obj
-    if "." in getattr(function, "__qualname__", ""):
-        raise pytest.UsageError(
-            f"{pyfuncitem.nodeid}: @pytest.mark.distributed runs module-level test functions "
-            "only (each rank imports the function by name); move it out of its class")
-    names = pyfuncitem._fixtureinfo.argnames
-    kwargs = {name: pyfuncitem.funcargs[name] for name in names}
-    launch(function, kwargs=kwargs, test=pyfuncitem.nodeid, **_marker_options(pyfuncitem))
-    return True
+    return run_marked(pyfuncitem, marker)

@@ -5,8 +5,8 @@ Settings come from the command line or the ini file (pytest.ini / pyproject.toml
     gpu_select = GT0            # code prefixes, as linters do ("GT" = all)
     gpu_ignore = GT014 GT013
     gpu_severity = GT008=error
-    gpu_rule_params = GT016.min_shm=1GiB  GT007.min_memory=2GiB
-    gpu_rules_dirs = ci/gpu-rules
+    gpu_rule_param = GT016.min_shm=1GiB  GT007.min_memory=2GiB
+    gpu_rules_dir = ci/gpu-rules
 """
 
 from __future__ import annotations
@@ -99,14 +99,14 @@ def build_config(
         code = code.strip().upper()
         if not sep or not dot or not CODE_RE.match(code) or not name.strip():
             raise SettingError(
-                f"gpu_rule_params: {item!r} must be CODE.PARAM=VALUE (e.g. GT016.min_shm=1GiB)"
+                f"gpu_rule_param: {item!r} must be CODE.PARAM=VALUE (e.g. GT016.min_shm=1GiB)"
             )
         config.params.setdefault(code, {})[name.strip()] = value.strip()
     for folder in split_words(rules_dirs):
         try:  # relative to base_dir, else to the current directory
             config.extra_dirs.append(resolve_path(folder, base_dir or Path()))
         except ValueError as exc:
-            raise SettingError(f"gpu_rules_dirs: {exc}") from None
+            raise SettingError(f"gpu_rules_dir: {exc}") from None
     return config
 
 
@@ -132,7 +132,7 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
     if name not in rule.params:
         known = ", ".join(sorted(rule.params)) or "none"
         raise SettingError(
-            f"gpu_rule_params: {rule.code} has no parameter {name!r} (its parameters: {known})"
+            f"gpu_rule_param: {rule.code} has no parameter {name!r} (its parameters: {known})"
         )
     default = rule.params[name]
     try:
@@ -148,7 +148,7 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
         return text
     except ValueError as exc:
         raise SettingError(
-            f"gpu_rule_params: {rule.code}.{name}={shown(text)}: {exc} (default is {default!r})"
+            f"gpu_rule_param: {rule.code}.{name}={shown(text)}: {exc} (default is {default!r})"
         ) from None
 
 
@@ -161,7 +161,7 @@ def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
     from dataclasses import replace
 
     by_code = {rule.code: rule for rule in rules}
-    for setting, codes in (("gpu_severity", config.severity), ("gpu_rule_params", config.params)):
+    for setting, codes in (("gpu_severity", config.severity), ("gpu_rule_param", config.params)):
         for code in codes:
             if code not in by_code:
                 raise SettingError(f"{setting}: no rule with code {code}{_listing(by_code)}")

@@ -3,8 +3,10 @@
 Nothing here but ``plugin`` is imported (and nothing is installed) unless ``--gpu-diagnose`` is
 on.
 
-- ``plugin``: the probe's options, and ``ProbePlugin``, the pytest hooks that run a probe around
-  each test and hand its records to the diagnosis (import-light: loaded at pytest start-up);
+- ``plugin``: what pytest loads at start-up: the options (``options``) and whether the probe is
+  needed; ``probe_settings`` checks the options' values where one is set; ``hooks``:
+  ``ProbePlugin``, the pytest hooks that run a probe around each test and hand its records to
+  the diagnosis (registered under ``--gpu-diagnose``);
 - ``torch_hooks``: installs and removes the global torch hooks (optimizer steps, top-level
   forwards, backward, syncing tensor methods); every hook is tolerant and never raises into
   user code; ``callbacks``: ``ProbeCallbacks``, what the hooks call on the probe;
@@ -15,7 +17,7 @@ on.
   its events say), ``nvml_timeline`` (NVML samples on a thread), ``compile_readings``
   (``CompileWatch``: dynamo's counters and compilations), ``cuda_readings`` (allocator counters,
   the device's memory budget, backend flags; ``CallReadings``: the test's calls the probe
-  wraps) and ``settings`` (settings the test may change while it trains);
+  wraps) and ``settings_timeline`` (settings the test may change while it trains);
 - ``run_record``: what the probe records, in small dataclasses by concern; ``StepFlag``;
 - ``run_facts_builder``: the record turned into ``RunFacts`` (pure functions), with
   ``memory_facts_builder`` (the allocator), ``window_facts_builder`` (the profiler window, and

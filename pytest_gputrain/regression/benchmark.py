@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_gputrain.regression import stats
-from pytest_gputrain.regression.settings import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
+from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
 from pytest_gputrain.units import shown
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)

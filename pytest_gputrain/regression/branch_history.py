@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.compare import session_value
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences
-from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, METRICS
+from pytest_gputrain.regression.options import METRICS
+from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, Store
 
 # The environment fields a step is blamed on when they changed where it happened: the GPU, its

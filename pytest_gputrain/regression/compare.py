@@ -20,11 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pytest_gputrain.regression import process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
-from pytest_gputrain.regression.settings import (
-    DEFAULT_ALPHA,
-    DEFAULT_CANNOT_TELL,
-    DEFAULT_STEP_SUMMARY,
-)
+from pytest_gputrain.regression.options import DEFAULT_ALPHA, DEFAULT_CANNOT_TELL
+from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY
 from pytest_gputrain.regression.store import ResultRecord, RunInfo
 
 if TYPE_CHECKING:

@@ -32,14 +32,16 @@ from pytest_gputrain.regression.compare import (
 )
 from pytest_gputrain.regression.history import add_store_argument, locate
 from pytest_gputrain.regression.history_errors import HistoryError
-from pytest_gputrain.regression.settings import (
-    CANNOT_TELL,
+from pytest_gputrain.regression.options import (
     DEFAULT_ALPHA,
     DEFAULT_CANNOT_TELL,
     DEFAULT_REGRESSION,
-    DEFAULT_STEP_SUMMARY,
     MAX_LOOKBACK,
     MIN_LOOKBACK,
+)
+from pytest_gputrain.regression.settings import (
+    CANNOT_TELL,
+    DEFAULT_STEP_SUMMARY,
     REGRESSION_EXAMPLE,
     STEP_SUMMARIES,
     parse_alpha,

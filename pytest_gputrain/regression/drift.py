@@ -33,7 +33,7 @@ from pytest_gputrain.regression.branch_history import (
 )
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
 from pytest_gputrain.regression.compare import GateReport, GateSettings, session_value
-from pytest_gputrain.regression.settings import MIN_LOOKBACK
+from pytest_gputrain.regression.options import MIN_LOOKBACK
 from pytest_gputrain.regression.store import ResultRecord, Store
 
 

@@ -27,15 +27,11 @@ from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
-from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, METRICS, STEP_SUMMARIES
+from pytest_gputrain.regression.options import DEFAULT_STORE, METRICS
+from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
-from pytest_gputrain.regression.store_location import (
-    DEFAULT_STORE,
-    Location,
-    parse_location,
-    resolve_store,
-)
+from pytest_gputrain.regression.store_location import Location, parse_location, resolve_store
 from pytest_gputrain.units import printable, shown
 
 PLOT_HINT = "drawing a PNG needs matplotlib: pip install 'pytest-gputrain[plot]'"

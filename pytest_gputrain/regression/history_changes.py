@@ -24,7 +24,7 @@ from pytest_gputrain.regression.branch_history import (
 )
 from pytest_gputrain.regression.change_text import format_confidence, format_value, what_changed
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
-from pytest_gputrain.regression.settings import METRICS
+from pytest_gputrain.regression.options import METRICS
 from pytest_gputrain.regression.store import Store
 from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import Location

@@ -2,8 +2,10 @@
 ``--gpu-compare``, ``--gpu-regression``, ``--gpu-benchmark-disable``/``-skip`` and their ini
 twins.
 
-Kept light: importing this module imports neither torch, pydantic, sqlite3 nor psycopg, and a
-session that uses none of the options and no ``gpu_benchmark`` opens no store.
+Kept light, as every run loads it: importing this module imports neither torch, pydantic,
+sqlite3 nor psycopg; the options' values are read and checked (``settings.py``) only where one is
+set or a test uses ``gpu_benchmark``, and a session that uses none of the options and no
+``gpu_benchmark`` opens no store.
 
 xdist: each worker keeps its tests' results and sends them to the controller when it finishes;
 the controller alone compares, saves (one run, one transaction) and reports, and sets the exit
@@ -20,31 +22,36 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_gputrain import feature_plugins, options
-from pytest_gputrain.regression import settings as regression_settings
-from pytest_gputrain.regression.settings import RegressionSettings
+from pytest_gputrain.regression.options import OPTIONS
 from pytest_gputrain.xdist import is_xdist_worker, send_to_controller, sent_by_worker
 
 if TYPE_CHECKING:
     from pytest_gputrain.regression.benchmark import GpuBenchmark
     from pytest_gputrain.regression.compare import GateReport
+    from pytest_gputrain.regression.settings import RegressionSettings
 
 PLUGIN_NAME = "gputrain-regression"
 PLUGIN_KEY = pytest.StashKey["RegressionPlugin"]()
 WORKER_OUTPUT = "gputrain_benchmarks"
+WORKER_DESELECTED = "gputrain_not_benchmarks"  # how many tests --gpu-benchmark-only deselected
 # A test's ``gpu_benchmark`` (one per test), read when its report is made.
 BENCHMARK_KEY = pytest.StashKey["GpuBenchmark"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    regression_settings.add_options(parser)
+    options.add_options(parser, OPTIONS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    settings = regression_settings.read_settings(config)
-    if settings.uses_store and not is_xdist_worker(config):
-        from pytest_gputrain.regression.gate import check_store
+    settings = None
+    if options.any_set(config, OPTIONS):  # checked now: a typo is an error in any run
+        from pytest_gputrain.regression.settings import read_settings
 
-        check_store(settings)
+        settings = read_settings(config)
+        if settings.uses_store and not is_xdist_worker(config):
+            from pytest_gputrain.regression.gate import check_store
+
+            check_store(settings)
     plugin = RegressionPlugin(config, settings)
     feature_plugins.register(config, PLUGIN_KEY, plugin, PLUGIN_NAME)
     if options.diagnosing(config):
@@ -92,20 +99,42 @@ class RegressionPlugin:
     """The gate of one session: its settings, the results of its benchmarks (a worker's, or on
     the controller every worker's), and the gate's report once the session finished."""
 
-    def __init__(self, config: pytest.Config, settings: RegressionSettings) -> None:
+    def __init__(self, config: pytest.Config, settings: RegressionSettings | None) -> None:
         self.config = config
-        self.settings = settings
+        self._settings = settings  # None: no option of the gate is set
         self.results: list[dict[str, Any]] = []
         self.report: GateReport | None = None
+        self.not_benchmarks = 0  # the tests --gpu-benchmark-only deselected
 
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture."""
-        if not self.settings.skip:
+    @property
+    def settings(self) -> RegressionSettings:
+        """The options' values; where none is set, the defaults (read on first need: a test
+        uses ``gpu_benchmark``)."""
+        if self._settings is None:
+            from pytest_gputrain.regression.settings import read_settings
+
+            self._settings = read_settings(self.config)
+        return self._settings
+
+    def pytest_collection_modifyitems(self, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """``--gpu-benchmark-skip``: skip every test that uses the ``gpu_benchmark`` fixture;
+        ``--gpu-benchmark-only``: deselect every other test."""
+        settings = self._settings
+        if settings is None or not (settings.skip or settings.only):
             return
         marker = pytest.mark.skip(reason="uses gpu_benchmark (--gpu-benchmark-skip)")
+        kept: list[pytest.Item] = []
+        deselected: list[pytest.Item] = []
         for item in items:
-            if "gpu_benchmark" in getattr(item, "fixturenames", ()):
+            benchmark = "gpu_benchmark" in getattr(item, "fixturenames", ())
+            if settings.skip and benchmark:
                 item.add_marker(marker)
+            (kept if benchmark or not settings.only else deselected).append(item)
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
+            self.not_benchmarks = len(deselected)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -131,6 +160,8 @@ class RegressionPlugin:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         """xdist controller: collect the results a worker sent."""
         self.results.extend(sent_by_worker(node, WORKER_OUTPUT, []))
+        # Every worker collects, and deselects, the same tests.
+        self.not_benchmarks = max(self.not_benchmarks, sent_by_worker(node, WORKER_DESELECTED, 0))
 
     # tryfirst: the outermost wrapper, so the gate has run before the diagnosis (inside it)
     # writes the --gpu-report files that show it.
@@ -140,6 +171,8 @@ class RegressionPlugin:
         if is_xdist_worker(self.config):
             if self.results:
                 send_to_controller(self.config, WORKER_OUTPUT, self.results)
+            if self.not_benchmarks:
+                send_to_controller(self.config, WORKER_DESELECTED, self.not_benchmarks)
             return (yield)
         self.report = self._run_gate(exitstatus)
         result = yield
@@ -152,19 +185,24 @@ class RegressionPlugin:
         return result
 
     def _run_gate(self, exitstatus: int) -> GateReport | None:
-        settings = self.settings
         if self.config.option.collectonly:
             return None
-        if not self.results and not settings.uses_store and settings.json_path is None:
+        settings = self._settings
+        asked = settings is not None and (settings.uses_store or settings.json_path is not None)
+        if not self.results and not asked:
             return None
         from pytest_gputrain.regression.gate import finish
 
         interrupted = exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR)
-        return finish(self.config, settings, self.results, save=not interrupted)
+        return finish(self.config, self.settings, self.results, save=not interrupted)
 
     # trylast: after the GPU tests' tally and the ladder tables, before the diagnosis.
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.not_benchmarks:  # beside pytest's own "N deselected", which does not say why
+            terminalreporter.write_line(
+                f"gputrain: {self.not_benchmarks} deselected: not benchmarks "
+                "(--gpu-benchmark-only runs only the tests that use gpu_benchmark)")
         if self.report is None:
             return
         from pytest_gputrain.regression.output import has_content, terminal_lines

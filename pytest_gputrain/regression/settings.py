@@ -1,8 +1,9 @@
-"""Options of the regression gate (each with an ini twin) and their validation.
+"""The regression gate's options (``options.py``) read into ``RegressionSettings``, every value
+checked: a bad one is a ``pytest.UsageError`` that names the option and the value and shows a
+valid example.
 
-Light on purpose: imported by the hook module at pytest start-up, so only the standard library
-and pytest. A bad value is a ``pytest.UsageError`` that names the option and the value and shows
-a valid example.
+Loaded where an option of the gate is set or a test uses ``gpu_benchmark``, not by a plain run;
+only the standard library and pytest (no sqlite3, no psycopg).
 """
 
 from __future__ import annotations
@@ -14,22 +15,24 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import Option, read, read_with_base, resolve_path
-from pytest_gputrain.options import add_options as register
-from pytest_gputrain.regression.store_location import (
+from pytest_gputrain.options import read, read_with_base, resolve_path
+from pytest_gputrain.regression.options import (
+    DEFAULT_ALPHA,
+    DEFAULT_CANNOT_TELL,
     DEFAULT_STORE,
-    Location,
-    resolve_store,
+    MAX_LOOKBACK,
+    MAX_ROUNDS,
+    MAX_TIME_S,
+    MAX_WARMUP,
+    METRICS,
+    MIN_LOOKBACK,
 )
+from pytest_gputrain.regression.store_location import Location, resolve_store
 
-# gpu_time: the GPU's own time per step (benchmark.py), measured only where it is gated.
-METRICS = ("step_time", "gpu_time", "peak_vram")
-DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 # DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
 # that the two agree).
 DEFAULT_THRESHOLDS = {"step_time": 0.05, "peak_vram": 0.02}
 REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
-DEFAULT_ALPHA = 0.01
 # How one session's step time is summarised: its fastest clean round (interference from the host
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
@@ -38,70 +41,9 @@ DEFAULT_STEP_SUMMARY = "min"
 # run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
 # by a noisy runner, but nobody reads "ok" where the gate saw nothing), or a failure (fail).
 CANNOT_TELL = ("pass", "warn", "fail")
-DEFAULT_CANNOT_TELL = "warn"
 RESERVED_NAMES = ("latest",)
-# The most a benchmark may ask for: past these a value is a typo (a 400-digit warm-up would
-# run until the CI job times out), refused like any other bad value.
-MAX_WARMUP = 10_000
-MAX_ROUNDS = 100_000
-MAX_TIME_S = 3_600.0
-# The look-back window, in sessions: room for a step with 3 sessions either side, and no more
-# than a store is read at once.
-MIN_LOOKBACK, MAX_LOOKBACK = 6, 10_000
 LOOKBACK_HINT = ("gpu_lookback needs ruptures: pip install 'pytest-gputrain[changes]' (or pip "
                  "install ruptures)")
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option("--gpu-save", "gpu_save", "save this session's gpu_benchmark results in the store "
-            "as a run named NAME (e.g. the branch)", metavar="NAME"),
-    Option("--gpu-compare", "gpu_compare", "compare gpu_benchmark results with a saved run: "
-            "NAME (its newest run), #ID, or latest; a regression fails the session",
-            metavar="NAME|#ID|latest"),
-    Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
-            f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
-            metavar="SPEC"),
-    Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
-            f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
-            metavar="ALPHA"),
-    Option("--gpu-step-summary", "gpu_step_summary", "one session's step time: min (its "
-            "fastest clean round, the default: what a busy host or a neighbour added is left "
-            "out) or median (every round counts: a slowdown of some rounds shows)",
-            metavar="min|median"),
-    Option("--gpu-lookback", "gpu_lookback", "with --gpu-compare: also compare with the "
-            "baseline branch's level over its newest N sessions, and report a drift no single "
-            f"comparison shows (needs ruptures; N from {MIN_LOOKBACK})", metavar="N"),
-    Option("--gpu-cannot-tell", "gpu_cannot_tell", "when the sessions could not see a change "
-            "of the threshold's size (verdict 'cannot tell'): pass, warn (the default: shown "
-            "as a warning, the run passes) or fail (the run fails, as on a regression)",
-            metavar="pass|warn|fail"),
-    Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
-            "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
-            kind="bool", default=False),
-    Option("--gpu-benchmark-json", "gpu_benchmark_json", "write benchmarks and comparisons "
-            "to PATH as JSON", metavar="PATH"),
-    Option("--gpu-store", "gpu_store", "benchmark store: an SQLite file (default "
-            f"{DEFAULT_STORE} in the rootdir) or a postgresql:// URL shared by CI runners",
-            metavar="PATH|URL"),
-    Option("--gpu-benchmark-disable", "gpu_benchmark_disable", "gpu_benchmark: call each "
-            "benchmarked step once, untimed (the tests run as ordinary tests; nothing is saved "
-            "or compared)", kind="bool", default=False),
-    Option("--gpu-benchmark-skip", "gpu_benchmark_skip", "skip the tests that use "
-            "gpu_benchmark", kind="bool", default=False),
-    Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
-            f"before timing (default 5, at most {MAX_WARMUP})", metavar="N"),
-    Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "
-            f"timed rounds (default 30, at most {MAX_ROUNDS})", metavar="N"),
-    Option("--gpu-benchmark-max-rounds", "gpu_benchmark_max_rounds", "gpu_benchmark: most "
-            f"timed rounds (default 100, at most {MAX_ROUNDS})", metavar="N"),
-    Option("--gpu-benchmark-max-time", "gpu_benchmark_max_time", "gpu_benchmark: seconds of "
-            "timed rounds after which no more are added beyond the minimum (default 5, at most "
-            f"{MAX_TIME_S:g})", metavar="SECONDS"),
-)
-
-
-def add_options(parser: pytest.Parser) -> None:
-    register(parser, OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -112,13 +54,14 @@ class RegressionSettings:
         default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
     alpha: float = DEFAULT_ALPHA
     step_summary: str = DEFAULT_STEP_SUMMARY
-    cannot_tell: str = DEFAULT_CANNOT_TELL
     force: bool = False
-    lookback: int | None = None  # sessions of the baseline's branch that set its level
     json_path: Path | None = None
     store: Location = Path(DEFAULT_STORE)  # an SQLite file, or a PostgreSQL URL
     disable: bool = False
     skip: bool = False
+    only: bool = False  # --gpu-benchmark-only: the other tests are deselected
+    cannot_tell: str = DEFAULT_CANNOT_TELL
+    lookback: int | None = None  # sessions of the baseline's branch that set its level
     warmup: int | None = None
     min_rounds: int | None = None
     max_rounds: int | None = None
@@ -291,6 +234,10 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                          1, MAX_ROUNDS, "100")
     max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
                        1e-6, MAX_TIME_S, "5")
+    if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
+        raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
+                     f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
+                     "min 30, max 100")
     lookback = _number(config, "gpu_lookback", "--gpu-lookback", int, MIN_LOOKBACK,
                        MAX_LOOKBACK, "30")
     if lookback and compare:
@@ -298,13 +245,14 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
 
         if importlib.util.find_spec("ruptures") is None:
             raise _usage("gpu_lookback", "--gpu-lookback", LOOKBACK_HINT)
-    if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
-        raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
-                     f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
-                     "min 30, max 100")
     disable = bool(read(config, "gpu_benchmark_disable"))
     skip = bool(read(config, "gpu_benchmark_skip"))
+    only = bool(read(config, "gpu_benchmark_only"))
     _check_untimed(disable, skip, save, compare)
+    if skip and only:
+        raise _usage("gpu_benchmark_only", "--gpu-benchmark-only",
+                     "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
+                     "runs only the tests that use gpu_benchmark, the other skips them)")
     json_path = _path(config, "gpu_benchmark_json", "--gpu-benchmark-json")
     written_store = store if isinstance(store, Path) and (save or compare) else None
     if json_path or written_store:  # loaded only then: a plain run does not pay for it
@@ -319,7 +267,7 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         force=bool(read(config, "gpu_compare_force")), lookback=lookback,
         json_path=json_path, store=store,
         warmup=warmup, min_rounds=min_rounds, max_rounds=max_rounds, max_time=max_time,
-        disable=disable, skip=skip,
+        disable=disable, skip=skip, only=only,
     )
 
 

@@ -8,7 +8,7 @@ and for ``python -m pytest_gputrain history`` and ``compare`` alike.
   ``benchmarks.sqlite`` inside;
 - with no value, ``.gputrain/benchmarks.sqlite`` in the rootdir.
 
-Light (no sqlite3, no psycopg): the regression options read it at pytest start-up.
+Light (no sqlite3, no psycopg): the regression settings read it where an option is set.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ import urllib.parse
 from pathlib import Path
 
 from pytest_gputrain.options import resolve_path
+from pytest_gputrain.regression.options import DEFAULT_NAME, DEFAULT_STORE
 
-DEFAULT_DIR = ".gputrain"
-DEFAULT_NAME = "benchmarks.sqlite"
-DEFAULT_STORE = f"{DEFAULT_DIR}/{DEFAULT_NAME}"
 URL_SCHEMES = ("postgresql://", "postgres://")
 URL_EXAMPLE = "postgresql://ci@db.example.com:5432/benchmarks"
 

@@ -99,7 +99,7 @@ def sample_args(name: str, spec: dict[str, Any]) -> list[str]:
     extra = spec.get("args", [])
     if not isinstance(extra, list) or not all(isinstance(item, str) for item in extra):
         raise ValueError(f"EXPECTED.toml [{name}]: args must be a list of strings, e.g. "
-                         f'args = ["-o", "gpu_rule_params=GT138.max_percent=10"], got {extra!r}')
+                         f'args = ["-o", "gpu_rule_param=GT138.max_percent=10"], got {extra!r}')
     return extra
 
 
