@@ -141,7 +141,8 @@ def test_no_gpu_diagnose_and_an_option_that_asks_for_it_is_a_usage_error(
 def test_the_numeric_settings_are_typed() -> None:
     assert {option.ini for option in NUMBERS} == {
         "gpu_vram_history", "gpu_per_worker", "gpu_alpha", "gpu_benchmark_warmup",
-        "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds", "gpu_benchmark_max_time"}
+        "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds", "gpu_benchmark_max_time",
+        "gpu_lookback"}
 
 
 NUMBERS_TOML = """
