@@ -110,6 +110,7 @@ PARSERS: list[tuple[str, Callable[[str], Any], tuple[type[BaseException], ...]]]
     ("parse_thresholds", regression_settings.parse_thresholds, (ValueError,)),
     ("parse_alpha", regression_settings.parse_alpha, (ValueError,)),
     ("parse_step_summary", regression_settings.parse_step_summary, (ValueError,)),
+    ("parse_cannot_tell", regression_settings.parse_cannot_tell, (ValueError,)),
     ("parse_run_name", lambda v: regression_settings.parse_run_name(v, for_save=True),
      (ValueError,)),
     ("parse_profile_steps", parse_profile_steps, (ValueError,)),

@@ -66,8 +66,7 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
     CUDA events on the current stream (``time.perf_counter`` on the CPU), a warm-up, then 30 to
     100 rounds (ini ``gpu_benchmark_*``), with nothing else on the host between rounds; NVML is
     sampled by a thread (utilization, SM clock, throttling per round) and the peak VRAM read at
-    the two synchronisations; with ``gpu_time`` in ``--gpu-regression`` (or ``gpu_time=True``)
-    also the GPU's own time per step, queued rounds behind a spin kernel. Returns a
+    the two synchronisations (``gpu_time`` gated: also the GPU's own time per step). Returns a
     ``BenchmarkResult`` (``.median``, ``.iqr``,
     ``.peak_vram_max``, ``.throttled_count``, ``.conditions``...). Results of passing tests feed
     ``--gpu-save`` and ``--gpu-compare``. Under ``--gpu-benchmark-disable`` the step runs once,

@@ -8,6 +8,7 @@ a valid example.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,6 @@ from pytest_gputrain.regression.store_location import (
     resolve_store,
 )
 
-# gpu_time: the GPU's own time per step (benchmark.py), measured only where it is gated.
 METRICS = ("step_time", "gpu_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 # DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
@@ -34,9 +34,7 @@ DEFAULT_ALPHA = 0.01
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
-# What a "cannot tell" (sessions that could not see a change of the threshold's size) does to the
-# run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
-# by a noisy runner, but nobody reads "ok" where the gate saw nothing), or a failure (fail).
+# What a "cannot tell" does to the run (docs/regression.md says why warn is the default).
 CANNOT_TELL = ("pass", "warn", "fail")
 DEFAULT_CANNOT_TELL = "warn"
 RESERVED_NAMES = ("latest",)
@@ -63,10 +61,9 @@ OPTIONS: tuple[Option, ...] = (
             "fastest clean round, the default: what a busy host or a neighbour added is left "
             "out) or median (every round counts: a slowdown of some rounds shows)",
             metavar="min|median"),
-    Option("--gpu-cannot-tell", "gpu_cannot_tell", "when the sessions could not see a change "
-            "of the threshold's size (verdict 'cannot tell'): pass, warn (the default: shown "
-            "as a warning, the run passes) or fail (the run fails, as on a regression)",
-            metavar="pass|warn|fail"),
+    Option("--gpu-cannot-tell", "gpu_cannot_tell", "a 'cannot tell' (sessions too noisy to "
+            "see a change of the threshold's size): pass, warn (the default: passes with a "
+            "warning) or fail (fails as a regression does)", metavar="pass|warn|fail"),
     Option("--gpu-compare-force", "gpu_compare_force", "compare even when the baseline's "
             "environment fingerprint (GPU, driver, torch, CUDA, ...) differs",
             kind="bool", default=False),
@@ -176,20 +173,20 @@ def parse_alpha(value: object) -> float:
     return alpha
 
 
-def parse_step_summary(value: object) -> str:
+def _choice(value: object, choices: tuple[str, ...], what: str, example: str) -> str:
     text = str(value).strip().lower()
-    if text not in STEP_SUMMARIES:
-        raise ValueError(f"{value!r} is not a step summary; expected one of "
-                         f"{', '.join(STEP_SUMMARIES)} (e.g. min)")
+    if text not in choices:
+        raise ValueError(f"{value!r} is not {what}; expected one of {', '.join(choices)} "
+                         f"(e.g. {example})")
     return text
+
+
+def parse_step_summary(value: object) -> str:
+    return _choice(value, STEP_SUMMARIES, "a step summary", "min")
 
 
 def parse_cannot_tell(value: object) -> str:
-    text = str(value).strip().lower()
-    if text not in CANNOT_TELL:
-        raise ValueError(f"{value!r} is not a policy for 'cannot tell'; expected one of "
-                         f"{', '.join(CANNOT_TELL)} (e.g. {DEFAULT_CANNOT_TELL})")
-    return text
+    return _choice(value, CANNOT_TELL, "a policy for 'cannot tell'", "warn")
 
 
 def parse_run_name(value: object, *, for_save: bool) -> str:
@@ -204,6 +201,18 @@ def parse_run_name(value: object, *, for_save: bool) -> str:
         raise ValueError(f"{text!r} is reserved ('latest' and '#ID' select runs in "
                          f"--gpu-compare); e.g. {example}")
     return text
+
+
+def _parsed(config: pytest.Config, ini: str, parse: Callable[[object], Any],
+            default: Any) -> Any:
+    """An option's value through ``parse`` (unset: ``default``); a bad one a usage error."""
+    raw = read(config, ini)
+    if raw in (None, ""):
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise _usage(ini, "--" + ini.replace("_", "-"), str(exc)) from None
 
 
 def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: float,
@@ -256,23 +265,9 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
             dict(DEFAULT_THRESHOLDS)
     except ValueError as exc:
         raise _usage("gpu_regression", "--gpu-regression", str(exc)) from None
-    alpha_raw = read(config, "gpu_alpha")
-    try:
-        alpha = parse_alpha(alpha_raw) if alpha_raw not in (None, "") else DEFAULT_ALPHA
-    except ValueError as exc:
-        raise _usage("gpu_alpha", "--gpu-alpha", str(exc)) from None
-    summary_raw = read(config, "gpu_step_summary")
-    try:
-        step_summary = (parse_step_summary(summary_raw) if summary_raw not in (None, "")
-                        else DEFAULT_STEP_SUMMARY)
-    except ValueError as exc:
-        raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
-    policy_raw = read(config, "gpu_cannot_tell")
-    try:
-        cannot_tell = (parse_cannot_tell(policy_raw) if policy_raw not in (None, "")
-                       else DEFAULT_CANNOT_TELL)
-    except ValueError as exc:
-        raise _usage("gpu_cannot_tell", "--gpu-cannot-tell", str(exc)) from None
+    alpha = _parsed(config, "gpu_alpha", parse_alpha, DEFAULT_ALPHA)
+    step_summary = _parsed(config, "gpu_step_summary", parse_step_summary, DEFAULT_STEP_SUMMARY)
+    cannot_tell = _parsed(config, "gpu_cannot_tell", parse_cannot_tell, DEFAULT_CANNOT_TELL)
     store = _store(config)
     warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0,
                      MAX_WARMUP, "5")
