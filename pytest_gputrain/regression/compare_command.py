@@ -33,6 +33,7 @@ from pytest_gputrain.regression.compare import (
 from pytest_gputrain.regression.history import add_store_argument, locate
 from pytest_gputrain.regression.history_errors import HistoryError
 from pytest_gputrain.regression.options import (
+    CANNOT_TELL,
     DEFAULT_ALPHA,
     DEFAULT_CANNOT_TELL,
     DEFAULT_REGRESSION,
@@ -40,7 +41,6 @@ from pytest_gputrain.regression.options import (
     MIN_LOOKBACK,
 )
 from pytest_gputrain.regression.settings import (
-    CANNOT_TELL,
     DEFAULT_STEP_SUMMARY,
     REGRESSION_EXAMPLE,
     STEP_SUMMARIES,

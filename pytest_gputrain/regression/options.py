@@ -10,7 +10,11 @@ from pytest_gputrain.options import Option
 METRICS = ("step_time", "gpu_time", "peak_vram")
 DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
 DEFAULT_ALPHA = 0.01
-DEFAULT_CANNOT_TELL = "warn"  # settings.CANNOT_TELL says why
+# What a "cannot tell" (sessions that could not see a change of the threshold's size) does to the
+# run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
+# by a noisy runner, but nobody reads "ok" where the gate saw nothing), or a failure (fail).
+CANNOT_TELL = ("pass", "warn", "fail")
+DEFAULT_CANNOT_TELL = "warn"
 # The look-back window, in sessions: room for a step with 3 sessions either side, and no more
 # than a store is read at once.
 MIN_LOOKBACK, MAX_LOOKBACK = 6, 10_000

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_gputrain.options import read, read_with_base, resolve_path
 from pytest_gputrain.regression.options import (
+    CANNOT_TELL,
     DEFAULT_ALPHA,
     DEFAULT_CANNOT_TELL,
     DEFAULT_STORE,
@@ -37,10 +38,6 @@ REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
 DEFAULT_STEP_SUMMARY = "min"
-# What a "cannot tell" (sessions that could not see a change of the threshold's size) does to the
-# run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
-# by a noisy runner, but nobody reads "ok" where the gate saw nothing), or a failure (fail).
-CANNOT_TELL = ("pass", "warn", "fail")
 RESERVED_NAMES = ("latest",)
 LOOKBACK_HINT = ("gpu_lookback needs ruptures: pip install 'pytest-gputrain[changes]' (or pip "
                  "install ruptures)")
