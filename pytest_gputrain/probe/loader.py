@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pytest_gputrain.probe.wrapping import probe_wrapper
+
 
 class BatchListener(Protocol):
     """What a wrapped ``__next__`` tells (the probe's ``on_batch``; declared here, beside its
@@ -239,10 +241,7 @@ def wrap_next(original: Callable[[Any], Any], probe: BatchListener) -> Callable[
         probe.on_batch(self, batch, _perf() - started)
         return batch
 
-    __next__.__wrapped__ = original  # type: ignore[attr-defined]
-    __next__.__qualname__ = getattr(original, "__qualname__", "__next__")
-    __next__._gputrain_probe = True  # type: ignore[attr-defined]
-    return __next__
+    return probe_wrapper(__next__, original)
 
 
 def cpu_count() -> int | None:

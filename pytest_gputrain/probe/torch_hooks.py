@@ -59,6 +59,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe.frameworks import caller_framework
+from pytest_gputrain.probe.wrapping import probe_wrapper
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
@@ -141,6 +142,7 @@ def is_tracing(torch: Any) -> Callable[[], bool]:
     return lambda: compiling() or context() is not None
 
 
+
 def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
     """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
     def is_cuda(tensor: Any) -> bool:
@@ -190,12 +192,7 @@ def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Ca
             finally:
                 counts.pending_wait += clock() - started
 
-    wrapper.__name__ = getattr(original, "__name__", name)
-    wrapper.__qualname__ = getattr(original, "__qualname__", name)
-    wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper._gputrain_probe = True  # type: ignore[attr-defined]
-    return wrapper
+    return probe_wrapper(wrapper, original)
 
 
 def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
@@ -212,12 +209,7 @@ def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
         finally:
             probe.on_backward_end()
 
-    backward.__name__ = getattr(original, "__name__", "backward")
-    backward.__qualname__ = getattr(original, "__qualname__", "backward")
-    backward.__doc__ = getattr(original, "__doc__", None)
-    backward.__wrapped__ = original  # type: ignore[attr-defined]
-    backward._gputrain_probe = True  # type: ignore[attr-defined]
-    return backward
+    return probe_wrapper(backward, original)
 
 
 def wrap_before(original: Callable[..., Any], before: Callable[..., None],
@@ -232,12 +224,7 @@ def wrap_before(original: Callable[..., Any], before: Callable[..., None],
                 probe.fail(f"{getattr(original, '__name__', 'wrapper')} wrapper", exc)
         return original(*args, **kwargs)
 
-    wrapper.__name__ = getattr(original, "__name__", "wrapper")
-    wrapper.__qualname__ = getattr(original, "__qualname__", "wrapper")
-    wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper._gputrain_probe = True  # type: ignore[attr-defined]
-    return wrapper
+    return probe_wrapper(wrapper, original)
 
 
 def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
@@ -255,12 +242,7 @@ def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[.
                 except Exception as exc:
                     probe.fail("torch.save wrapper", exc)
 
-    save.__name__ = getattr(original, "__name__", "save")
-    save.__qualname__ = getattr(original, "__qualname__", "save")
-    save.__doc__ = getattr(original, "__doc__", None)
-    save.__wrapped__ = original  # type: ignore[attr-defined]
-    save._gputrain_probe = True  # type: ignore[attr-defined]
-    return save
+    return probe_wrapper(save, original)
 
 
 def grad_scaler_class(torch: Any) -> Any:
@@ -286,12 +268,7 @@ def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[...,
             readings.zero_grad_to_zeros += 1
         return original(self, *args, **kwargs)
 
-    zero_grad.__name__ = getattr(original, "__name__", "zero_grad")
-    zero_grad.__qualname__ = getattr(original, "__qualname__", "zero_grad")
-    zero_grad.__doc__ = getattr(original, "__doc__", None)
-    zero_grad.__wrapped__ = original  # type: ignore[attr-defined]
-    zero_grad._gputrain_probe = True  # type: ignore[attr-defined]
-    return zero_grad
+    return probe_wrapper(zero_grad, original)
 
 
 def wrap_empty_cache(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
@@ -302,11 +279,7 @@ def wrap_empty_cache(original: Callable[..., Any], probe: ProbeCallbacks) -> Cal
         finally:
             probe.on_empty_cache_end(before)
 
-    _cuda_emptyCache.__name__ = getattr(original, "__name__", "_cuda_emptyCache")
-    _cuda_emptyCache.__doc__ = getattr(original, "__doc__", None)
-    _cuda_emptyCache.__wrapped__ = original  # type: ignore[attr-defined]
-    _cuda_emptyCache._gputrain_probe = True  # type: ignore[attr-defined]
-    return _cuda_emptyCache
+    return probe_wrapper(_cuda_emptyCache, original)
 
 
 def wrap_optimized_call(original: Callable[..., Any],
@@ -318,9 +291,7 @@ def wrap_optimized_call(original: Callable[..., Any],
             probe.on_global_forward(self, args)  # records the call and disarms the global hook
         return original(self, *args, **kwargs)
 
-    __call__.__wrapped__ = original  # type: ignore[attr-defined]
-    __call__._gputrain_probe = True  # type: ignore[attr-defined]
-    return __call__
+    return probe_wrapper(__call__, original)
 
 
 def wrap_dynamo_reset(original: Callable[..., Any],
@@ -342,10 +313,7 @@ def wrap_dynamo_reset(original: Callable[..., Any],
             probe.errors.append(f"torch._dynamo.reset wrapper: {exc}")
         return result
 
-    reset.__wrapped__ = original  # type: ignore[attr-defined]
-    reset.__doc__ = getattr(original, "__doc__", None)
-    reset._gputrain_probe = True  # type: ignore[attr-defined]
-    return reset
+    return probe_wrapper(reset, original)
 
 
 def wrap_compile(original: Callable[..., Any], installation: Installation) -> Callable[..., Any]:
@@ -357,10 +325,7 @@ def wrap_compile(original: Callable[..., Any], installation: Installation) -> Ca
             installation.probe.errors.append(f"torch.compile wrapper: {exc}")
         return result
 
-    compile.__wrapped__ = original  # type: ignore[attr-defined]
-    compile.__doc__ = getattr(original, "__doc__", None)
-    compile._gputrain_probe = True  # type: ignore[attr-defined]
-    return compile
+    return probe_wrapper(compile, original)
 
 
 class Installation:
