@@ -12,23 +12,21 @@ forwards and backwards, and which framework drove them. Those tests skip without
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import Any
 
 import pytest
 import torch
+from sample_modules import load_sample
 
 from pytest_gputrain.probe import frameworks, run, torch_hooks
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.loader import LoaderTracker, token_count
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepSeries, SyncCounts
 from pytest_gputrain.probe.window_facts_builder import sync_facts
-
-PIPELINES = Path(__file__).resolve().parents[1] / "sample_projects" / "pipelines"
 
 
 def _frame_in(module: str, body: str = "frame = sys._getframe()") -> FrameType:
@@ -121,19 +119,6 @@ def test_a_batch_of_token_ids_counts_its_tokens() -> None:
 
 # -- the framework samples' training code on the CPU, under a real probe ----------------------
 
-def _sample(name: str) -> ModuleType:
-    path = PIPELINES / name / f"test_{name}.py"
-    spec = importlib.util.spec_from_file_location(f"gputrain_sample_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
-    try:
-        spec.loader.exec_module(module)  # skips (importorskip) without the framework
-    finally:
-        del sys.modules[spec.name]
-    return module
-
-
 def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
     probe.start()
@@ -153,7 +138,7 @@ def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
 @pytest.mark.parametrize("name", ["lightning_healthy", "lightning_starved_loader"])
 def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: str) -> None:
     pytest.importorskip("pytorch_lightning", reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = _sample(name)
+    sample = load_sample(name)
     steps = 10
     if name == "lightning_healthy":
         data = sample.Data(images=96, size=32, batch_size=12, workers=0)
@@ -176,7 +161,7 @@ def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
         name: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="pip install 'pytest-gputrain[frameworks]'")
     pytest.importorskip("accelerate", reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = _sample(name)
+    sample = load_sample(name)
     steps = 8
     losses, facts = _probed(lambda: sample.train(
         str(tmp_path), steps, cpu=True, layers=1, width=32, length=16, batch_size=4, vocab=128,

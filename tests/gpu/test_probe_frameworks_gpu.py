@@ -11,21 +11,18 @@ autocast forwards. Skipped without CUDA or without the frameworks
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from sample_modules import load_sample
 
 pytestmark = [pytest.mark.requires_cuda, pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
-PIPELINES = Path(__file__).resolve().parents[2] / "sample_projects" / "pipelines"
 
 
 def _cuda() -> bool:
@@ -38,19 +35,6 @@ def _cuda() -> bool:
 
 if not _cuda():
     pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
-
-
-def _sample(name: str) -> ModuleType:
-    path = PIPELINES / name / f"test_{name}.py"
-    spec = importlib.util.spec_from_file_location(f"gputrain_sample_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
-    try:
-        spec.loader.exec_module(module)  # skips (importorskip) without the framework
-    finally:
-        del sys.modules[spec.name]
-    return module
 
 
 def _probed(train: Callable[[], Any]) -> Any:
@@ -71,7 +55,7 @@ def _probed(train: Callable[[], Any]) -> Any:
 def test_the_trainers_nan_filter_syncs_are_the_trainers_own(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="pip install 'pytest-gputrain[frameworks]'")
     pytest.importorskip("accelerate", reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = _sample("hf_trainer_healthy")
+    sample = load_sample("hf_trainer_healthy")
     facts = _probed(lambda: sample.train(str(tmp_path), 24, layers=2, width=256, length=128,
                                          batch_size=8, workers=0))
     assert facts.framework == "transformers" and facts.device == "cuda:0"
@@ -85,7 +69,7 @@ def test_the_trainers_nan_filter_syncs_are_the_trainers_own(tmp_path: Path) -> N
 
 def test_lightning_bf16_mixed_trains_under_autocast() -> None:
     pytest.importorskip("pytorch_lightning", reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = _sample("lightning_healthy")
+    sample = load_sample("lightning_healthy")
     data = sample.Data(images=256, size=64, batch_size=32, workers=0)
     facts = _probed(lambda: sample.train("gpu", 16, data))
     assert facts.framework == "lightning" and facts.device == "cuda:0"
