@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from pytest_gputrain.ladder.headroom import fit_line, plan_probes, predict_largest
+from pytest_gputrain.ladder.headroom import (
+    MARGIN,
+    fit_line,
+    fit_upper_line,
+    next_probe,
+    predict_largest,
+    probes_below,
+)
 
 
 def test_line_through_exact_points() -> None:
@@ -37,15 +46,53 @@ def test_no_growth_means_no_prediction() -> None:
         fit_line([(8, 100), (8, 120)])
 
 
-def test_probes_stay_at_or_below_half_the_budget() -> None:
+def _planned(peak_of, first: int, fixed: int, budget: int) -> list[tuple[int, int]]:
+    """The probes the ladder takes against a memory model ``peak_of(batch)``."""
+    probes = [(first, peak_of(first))]
+    below = probes_below(first, probes[0][1], fixed, budget)
+    probes += [(b, peak_of(b)) for b in below]
+    while not below and (batch := next_probe(probes, fixed, budget)) is not None:
+        probes.append((batch, peak_of(batch)))
+    return probes
+
+
+def test_probes_climb_to_two_thirds_of_the_budget_and_no_further() -> None:
     per_sample, fixed, budget = 5_000_000, 1_000_000_000, 14 * 2**30
-    probes = plan_probes(32, fixed + 32 * per_sample, fixed, budget)
-    assert len(probes) == 2 and probes[0] < probes[1]
-    assert all(fixed + b * per_sample <= fixed + 0.5 * (budget - fixed) + per_sample
-               for b in probes)
-    # A first batch already past half the budget: the other probes go below it.
-    assert plan_probes(1000, fixed + 1000 * per_sample, fixed, fixed + 1200 * per_sample) == [
-        500, 250]
+    workspace = 300_000_000  # what a step needs besides activations: counts in every peak
+    probes = _planned(lambda b: fixed + workspace + b * per_sample, 32, fixed, budget)
+    assert len(probes) == 3 and [b for b, _ in probes] == sorted(b for b, _ in probes)
+    shares = [(peak - fixed) / (budget - fixed) for _, peak in probes[1:]]
+    # The first probe alone overstates the cost per sample (its workspace counts), so the second
+    # lands low; the line through two probes puts the third where it was meant to go.
+    assert 0.1 < shares[0] < 0.34 and 0.6 < shares[1] < 0.72
+    assert all(peak < 0.75 * budget for _, peak in probes)
+
+
+def test_prediction_from_the_upper_probes_reaches_097_of_a_convex_true_limit() -> None:
+    # Small batches pick kernels with bigger per-sample workspaces; the cost per sample settles
+    # at large batches. A line through all three probes would be steered by the small one.
+    fixed, budget = 2_000_000_000, 12 * 2**30
+
+    def peak_of(batch: int) -> int:
+        return int(fixed + 18_000_000 * batch + 400_000_000 * (1 - math.exp(-batch / 64)))
+
+    probes = _planned(peak_of, 32, fixed, budget)
+    predicted = predict_largest(fit_upper_line(probes), budget, MARGIN)
+    true_largest = max(b for b in range(1, 10_000) if peak_of(b) <= budget)
+    assert predicted is not None and peak_of(predicted) <= budget
+    assert 0.97 <= predicted / true_largest <= 1.0
+    predicted_with_all = predict_largest(fit_line(probes), budget, MARGIN)
+    # The small probe's steeper slope would have cost batch size.
+    assert predicted_with_all is not None and predicted_with_all < predicted
+
+
+def test_a_first_batch_past_a_third_of_the_budget_probes_below_it() -> None:
+    per_sample, fixed = 5_000_000, 1_000_000_000
+    budget = fixed + 1200 * per_sample
+    assert probes_below(1000, fixed + 1000 * per_sample, fixed, budget) == [500, 250]
+    assert probes_below(32, fixed + 32 * per_sample, fixed, budget) == []
+    probes = _planned(lambda b: fixed + b * per_sample, 1000, fixed, budget)
+    assert [b for b, _ in probes] == [1000, 500, 250]
 
 
 def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) -> None:

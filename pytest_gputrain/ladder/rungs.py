@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pytest_gputrain.ladder.headroom import fit_line, plan_probes, predict_largest
+from pytest_gputrain.ladder.headroom import (
+    FALLBACK_MARGIN,
+    MARGIN,
+    fit_upper_line,
+    next_probe,
+    predict_largest,
+    probes_below,
+)
 
 Batch = Any  # whatever the project's step function takes
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -221,18 +228,33 @@ class Ladder:
         budget = budget if budget is not None else memory_budget(dev)
         probes = [(start_batch, self._peak(model, optimizer, dev, precision, start_batch))]
         fixed = _settled_allocated(torch, dev)
-        for batch in plan_probes(start_batch, probes[0][1], fixed, budget):
+        below = probes_below(start_batch, probes[0][1], fixed, budget)
+        for batch in below:
             probes.append((batch, self._peak(model, optimizer, dev, precision, batch)))
-        # 5 % of the budget is left for fragmentation, which allocated bytes do not show.
-        predicted = predict_largest(fit_line(probes), budget, safety=0.05)
+        while not below and (step_up := next_probe(probes, fixed, budget)) is not None:
+            probes.append((step_up, self._peak(model, optimizer, dev, precision, step_up)))
+        fit = fit_upper_line(probes)
         record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
-                                predicted=predicted, verified=False, verified_peak=None)
-        if predicted:
+                                predicted=predict_largest(fit, budget, MARGIN), verified=False,
+                                verified_peak=None)
+        # A batch that runs out of memory on verification gets one retry at a wider margin.
+        fallback = predict_largest(fit, budget, FALLBACK_MARGIN)
+        out_of_memory: list[int] = []
+        for attempt in dict.fromkeys((record.predicted, fallback)):
+            if not attempt:
+                break
+            record.predicted = attempt
             try:
-                record.verified_peak = self._peak(model, optimizer, dev, precision, predicted)
-                record.verified = record.verified_peak <= budget
+                record.verified_peak = self._peak(model, optimizer, dev, precision, attempt)
             except torch.OutOfMemoryError:
-                record.note = f"batch {predicted} ran out of memory on verification"
+                optimizer.zero_grad(set_to_none=True)
+                out_of_memory.append(attempt)
+                continue
+            record.verified = record.verified_peak <= budget
+            break
+        if out_of_memory:
+            record.note = ("batch " + " and ".join(map(str, out_of_memory))
+                           + " ran out of memory on verification")
         self.results.headroom.append(record)
         del model, optimizer
         _release(torch, dev)
