@@ -74,3 +74,26 @@ def test_recorded_sample_gets_its_expected_codes(name: str) -> None:
     assert found == sorted(spec.get("expect", [])), f"{name} ({spec.get('fault')}):\n{details}"
     missing_info = set(spec.get("expect_info", [])) - info
     assert not missing_info, f"{name}: info codes {sorted(missing_info)} missing\n{details}"
+
+
+# "Nothing is wrong with the batch; what is left is fewer launches" (GT137) and "bound by Python
+# and kernel launch overhead" (GT105) blame the idle GPU on launches. Beside a finding that
+# explains the same idle time otherwise, the run's findings would contradict each other.
+LAUNCH_BOUND = {"GT105", "GT137"}
+IDLE_EXPLAINED_BY = {"GT102", "GT103", "GT104", "GT117", "GT123", "GT140", "GT143"}
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_recorded_sample_findings_agree_about_the_idle_gpu(name: str) -> None:
+    spec = EXPECTED[name]
+    facts = FactsFile.model_validate(
+        json.loads((RECORDED / f"{name}.json").read_text(encoding="utf-8")))
+    rules = engine(tuple(rule_params(list(spec.get("args", [])))))
+    findings = rules.evaluate_records(facts, rules.evaluate_environment(facts.environment))
+    by_subject: dict[str, set[str]] = {}
+    for finding in findings:
+        if finding.scope == "run":
+            by_subject.setdefault(finding.subject, set()).add(finding.code)
+    for subject, codes in by_subject.items():
+        assert not (codes & LAUNCH_BOUND and codes & IDLE_EXPLAINED_BY), (
+            f"{name}, {subject}: {sorted(codes)}")
