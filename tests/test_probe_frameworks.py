@@ -171,3 +171,70 @@ def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
     assert facts.steps == steps and facts.backwards == steps
     assert facts.modules[0].name == "GPT2LMHeadModel"
     assert facts.loader.batch_size == 4 and facts.batch_tokens == 4 * 16
+
+
+# -- a framework's checkpoint every step: its whole save counts, torch.save inside it once -----
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_the_trainers_checkpoint_counts_whole_and_once(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers",
+                                       reason="pip install 'pytest-gputrain[frameworks]'")
+    pytest.importorskip("accelerate", reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = load_sample("hf_trainer_healthy")
+    steps = 6
+    config = transformers.GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1,
+                                     n_head=1)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4, use_cpu=True,
+        save_strategy="steps", save_steps=1, report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                   train_dataset=sample.MarkovTokens(32, 16, 128))
+    _, facts = _probed(trainer.train)
+    assert facts.framework == "transformers" and facts.steps == steps
+    # One save a step, each the whole checkpoint: the weights (safetensors), and the optimizer,
+    # scheduler and RNG state written by torch.save inside it, which do not count again.
+    assert facts.checkpoint.saves == steps
+    assert facts.checkpoint.writers == ["transformers Trainer._save_checkpoint"]
+    assert facts.checkpoint.time_per_save and facts.checkpoint.time_per_save > 0
+    assert len(list(tmp_path.glob("checkpoint-*"))) == steps
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_lightnings_checkpoint_counts_whole_and_once(tmp_path: Path) -> None:
+    pl = pytest.importorskip("pytorch_lightning",
+                             reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = load_sample("lightning_healthy")
+    steps = 5
+    pl.seed_everything(0, verbose=False)
+    model = sample.StripeClassifier(sample.Data(images=60, size=16, batch_size=12, workers=0))
+    every_step = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1,
+                                              save_top_k=-1)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=steps,
+                         logger=False, callbacks=[every_step], enable_progress_bar=False,
+                         enable_model_summary=False)
+    _, facts = _probed(lambda: trainer.fit(model))
+    assert facts.framework == "lightning" and facts.steps == steps
+    assert facts.checkpoint.saves == steps
+    assert facts.checkpoint.writers == ["lightning Trainer.save_checkpoint"]
+    assert len(list(tmp_path.glob("*.ckpt"))) == steps
+
+
+def test_torch_save_alone_names_torch_save(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train() -> None:
+        for step in range(4):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                       tmp_path / f"step{step}.pt")
+
+    _, facts = _probed(train)
+    assert facts.checkpoint.saves == 4 and facts.checkpoint.writers == ["torch.save"]

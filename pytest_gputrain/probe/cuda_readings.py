@@ -214,12 +214,14 @@ class CallReadings:
         if self.record.steps.times:
             self.record.settings.gradcheck_calls += 1
 
-    def on_save(self, seconds: float) -> None:
-        """A torch.save call that took ``seconds`` (``wrap_save``, which guards it): the step it
-        falls in saved a checkpoint (GT118 leaves it alone; GT140 weighs the time)."""
+    def on_save(self, seconds: float, writer: str) -> None:
+        """A checkpoint save that took ``seconds`` (``wrap_save``, which guards it), by
+        ``writer``: the step it falls in saved a checkpoint (GT118 leaves it alone; GT140
+        weighs the time)."""
         steps = self.record.steps
         steps.saves.append(len(steps.times))
         steps.save_times.append(seconds)
+        steps.save_writers.add(writer)
 
     def on_scale(self, scaler: Any) -> None:
         """``GradScaler.scale`` (through ``wrap_before``): loss scaling, when the scaler is on

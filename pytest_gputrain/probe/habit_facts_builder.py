@@ -136,10 +136,10 @@ def ddp_facts(record: RunRecord, steady: list[int]) -> DdpFacts:
 
 
 def checkpoint_facts(record: RunRecord) -> CheckpointFacts:
-    """The torch.save calls, and their share of the steps after warm-up: in how many of those
-    steps one was called, and how much of those steps' wall time went into it."""
+    """The checkpoint saves, and their share of the steps after warm-up: in how many of those
+    steps one was saved, and how much of those steps' wall time went into it."""
     series = record.steps
-    facts = CheckpointFacts(saves=len(series.saves))
+    facts = CheckpointFacts(saves=len(series.saves), writers=sorted(series.save_writers))
     steps = len(series.times)
     judged = range(record.warmup, steps)
     if not judged:

@@ -7,18 +7,26 @@ precision (``run.amp.*``: fp16 autocast and a GradScaler's loss scaling, GT141).
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pytest_gputrain.facts import FactGroup, fact
 
 
 class CheckpointFacts(FactGroup):
-    """``torch.save`` calls during training (timed by the probe's wrapper; GT140)."""
+    """Checkpoints written during training (timed by the probe's wrappers; GT140): ``torch.save``
+    calls, or a framework's whole checkpoint (the Hugging Face Trainer's ``_save_checkpoint``,
+    Lightning's ``Trainer.save_checkpoint``), whose ``torch.save`` calls count inside it."""
 
-    saves: int = fact(doc="torch.save calls during the test", default=0)
-    save_steps: int | None = fact(doc="steps after warm-up in which torch.save was called")
+    saves: int = fact(doc="checkpoint saves during the test", default=0)
+    writers: list[str] = Field(
+        default_factory=list, description="what wrote them: torch.save, "
+        "transformers Trainer._save_checkpoint, lightning Trainer.save_checkpoint")
+    save_steps: int | None = fact(doc="steps after warm-up in which a checkpoint was saved")
     steps_percent: float | None = fact("%", "save_steps / steps after warm-up")
-    time_per_save: float | None = fact("s", "median time inside one torch.save")
+    time_per_save: float | None = fact("s", "median time inside one checkpoint save")
     time_percent: float | None = fact(
-        "%", "time inside torch.save during the steps after warm-up / those steps' wall time")
+        "%", "time inside checkpoint saves during the steps after warm-up / those steps' wall "
+        "time")
 
 
 class LossFacts(FactGroup):

@@ -50,6 +50,7 @@ class StepSeries:
     forwards: list[int] = field(default_factory=list)
     saves: list[int] = field(default_factory=list)  # index of the step each torch.save fell in
     save_times: list[float] = field(default_factory=list)  # seconds inside each of those saves
+    save_writers: set[str] = field(default_factory=set)  # torch.save, a framework's checkpoint
     in_window: bool = False  # the profiler window is open: the next step ends inside it
     after_window: bool = False  # the next step is the first after the profiler window
     # The allocator's bytes after steps 0, s, 2s, ... (0-based; CUDA runs only), s being

@@ -28,7 +28,10 @@ What is installed (and only while a diagnosed test's call phase runs):
 - a dynamo compile-start callback (``torch._dynamo.callback``), where dynamo is imported: the
   step in which each compilation began;
 - a wrapper of ``torch.save`` that notes the step each checkpoint falls in and the time it took
-  (a long step that saved one is no stall; a checkpoint every step costs its share, GT140);
+  (a long step that saved one is no stall; a checkpoint every step costs its share, GT140), and
+  of the Hugging Face Trainer's and Lightning's checkpoint methods where they are imported (they
+  write the weights through safetensors or their own I/O too; their torch.save calls count
+  inside them);
 - a wrapper of ``torch.amp.GradScaler.scale`` that counts loss scaling (fp16 autocast without
   it underflows gradients, GT141);
 - for ``torch.compile``d modules, a wrapper of ``OptimizedModule.__call__`` that records the call
@@ -227,20 +230,47 @@ def wrap_before(original: Callable[..., Any], before: Callable[..., None],
     return probe_wrapper(wrapper, original)
 
 
-def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks) -> Callable[..., Any]:
-    """Time each ``torch.save`` call and tell the probe which step it fell in."""
+# A framework's whole checkpoint, wrapped where the framework is imported when the probe starts:
+# it saves the weights through safetensors or its own I/O as well as torch.save, and its
+# torch.save calls count inside it, once.
+FRAMEWORK_CHECKPOINTS = (
+    ("transformers.trainer", "Trainer", "_save_checkpoint",
+     "transformers Trainer._save_checkpoint"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "save_checkpoint",
+     "lightning Trainer.save_checkpoint"),
+    ("pytorch_lightning.trainer.trainer", "Trainer", "save_checkpoint",
+     "lightning Trainer.save_checkpoint"),
+)
+
+
+class SaveNesting:
+    """How deep the training is in checkpoint saves: only the outermost one is timed."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+
+def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks, writer: str = "torch.save",
+              nesting: SaveNesting | None = None) -> Callable[..., Any]:
+    """Time each checkpoint save (``torch.save``, or a framework's checkpoint method) and tell
+    the probe which step it fell in; saves inside another one are part of it."""
     clock = time.perf_counter
+    nesting = nesting or SaveNesting()
 
     def save(*args: Any, **kwargs: Any) -> Any:
+        if nesting.depth:
+            return original(*args, **kwargs)
+        nesting.depth += 1
         started = clock()
         try:
             return original(*args, **kwargs)
         finally:
+            nesting.depth -= 1
             if not probe.disabled:
                 try:
-                    probe.on_save(clock() - started)
+                    probe.on_save(clock() - started, writer)
                 except Exception as exc:
-                    probe.fail("torch.save wrapper", exc)
+                    probe.fail("checkpoint save wrapper", exc)
 
     return probe_wrapper(save, original)
 
@@ -387,13 +417,25 @@ class Installation:
 
         base = dataloader._BaseDataLoaderIter
         self.patches.set(base, "__next__", wrap_next(base.__next__, self.probe))
-        if callable(getattr(torch, "save", None)):
-            self.patches.set(torch, "save", wrap_save(torch.save, self.probe))
+        self.wrap_checkpoints()
         if callable(getattr(torch, "compile", None)):
             self.patches.set(torch, "compile", wrap_compile(torch.compile, self))
         self.install_habit_hooks()
         self.patch_compiled_modules()
         self.install_truth_wrappers()
+
+    def wrap_checkpoints(self) -> None:
+        """``torch.save``, and the checkpoint methods of the frameworks already imported."""
+        nesting = SaveNesting()
+        if callable(getattr(self.torch, "save", None)):
+            self.patches.set(self.torch, "save",
+                             wrap_save(self.torch.save, self.probe, nesting=nesting))
+        for module_name, class_name, method, writer in FRAMEWORK_CHECKPOINTS:
+            owner = getattr(sys.modules.get(module_name), class_name, None)
+            original = vars(owner).get(method) if isinstance(owner, type) else None
+            if callable(original):
+                self.patches.set(owner, method,
+                                 wrap_save(original, self.probe, writer, nesting))
 
     def install_truth_wrappers(self) -> None:
         """Wrappers that keep the facts true to the test: its own memory peaks across a reset
@@ -510,6 +552,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     owners: list[tuple[Any, str]] = [(torch.autograd, "backward"), (torch.autograd, "grad"),
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile"), (torch, "save")]
+    owners += [(owner, method) for module_name, class_name, method, _ in FRAMEWORK_CHECKPOINTS
+               if isinstance(owner := getattr(sys.modules.get(module_name), class_name, None),
+                             type)]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.cuda, "reset_peak_memory_stats"),
