@@ -238,3 +238,29 @@ def test_torch_save_alone_names_torch_save(tmp_path: Path) -> None:
 
     _, facts = _probed(train)
     assert facts.checkpoint.saves == 4 and facts.checkpoint.writers == ["torch.save"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_lightnings_debugging_flags_reach_the_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Trainer(detect_anomaly=True, deterministic=True)``: the settings GT115 and GT114 name
+    under Lightning are seen as the anomaly mode and the deterministic algorithms they turn on."""
+    # deterministic=True sets this for cuBLAS and leaves it set: undone after the test.
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    pl = pytest.importorskip("pytorch_lightning",
+                             reason="pip install 'pytest-gputrain[frameworks]'")
+    sample = load_sample("lightning_healthy")
+    steps = 4
+    pl.seed_everything(0, verbose=False)
+    model = sample.StripeClassifier(sample.Data(images=48, size=16, batch_size=12, workers=0))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=steps,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, detect_anomaly=True, deterministic=True)
+    try:
+        _, facts = _probed(lambda: trainer.fit(model))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert facts.framework == "lightning" and facts.steps == steps
+    assert facts.anomaly_backwards == steps
+    assert facts.deterministic_algorithms is True
