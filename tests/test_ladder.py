@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -286,3 +288,79 @@ def test_workers_rows_merge_in_worker_order() -> None:
 
     assert sorted(["gw10", "gw2", "gw1", "g2w"], key=_worker_order) == ["g2w", "gw1", "gw2",
                                                                          "gw10"]
+
+
+class _ModelledLadder:
+    """A ladder whose peaks come from a memory model instead of a GPU: the rung's control flow
+    (probes, prediction, verification and its one retry) on any machine."""
+
+    def __init__(self, peak_of: Callable[[int], int], true_limit: int) -> None:
+        self.peak_of, self.true_limit = peak_of, true_limit
+        self.measured: list[int] = []
+
+    def make(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        import torch
+
+        from pytest_gputrain.ladder import Ladder, LadderSpec, rungs
+
+        modelled = self
+        monkeypatch.setattr(rungs, "_settled_allocated", lambda torch, dev: 1_000_000_000)
+        monkeypatch.setattr(rungs, "_release", lambda torch, dev: None)
+
+        class Modelled(Ladder):
+            def _device(self, name: str) -> Any:
+                return torch.device("cpu")
+
+            def _run_steps(self, *args: Any, **kwargs: Any) -> list[float]:
+                return [1.0]
+
+            def _peak(self, model: Any, optimizer: Any, device: Any, precision: str,
+                      batch: int) -> int:
+                modelled.measured.append(batch)
+                peak = modelled.peak_of(batch)
+                if peak > modelled.true_limit:
+                    raise torch.OutOfMemoryError("CUDA out of memory (modelled)")
+                return peak
+
+        spec = LadderSpec(name="modelled", make_model=lambda: torch.nn.Linear(2, 2),
+                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+                          batches=lambda size: iter(()), step=lambda *a: 0.0)
+        return Modelled(spec)
+
+
+def test_largest_batch_takes_three_probes_and_verifies_the_prediction(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = 12 * 2**30
+    modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b, true_limit=budget)
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    assert len(result.probes) == 3 and result.verified and not result.note
+    true_largest = (budget - 1_000_000_000) // 20_000_000
+    assert 0.97 <= result.predicted / true_largest <= 1.0
+    assert modelled.measured == [b for b, _ in result.probes] + [result.predicted]
+
+
+def test_a_prediction_that_runs_out_of_memory_is_retried_once_at_a_wider_margin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = 12 * 2**30
+    # The allocator wastes 4 % near the limit: the 2 % margin's batch runs out of memory.
+    modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b,
+                               true_limit=int(budget * 0.96))
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    assert result.verified
+    assert len(modelled.measured) == len(result.probes) + 2
+    assert "ran out of memory on verification" in result.note
+    assert str(modelled.measured[-2]) in result.note and result.predicted == modelled.measured[-1]
+
+
+def test_a_peak_over_a_budget_smaller_than_the_gpu_is_retried_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = 4 * 2**30
+    # Memory grows faster than the line near the top: no OOM (the GPU is larger than the
+    # budget), but the predicted batch peaks over the budget.
+    modelled = _ModelledLadder(lambda b: 1_000_000_000 + 2_000_000 * b + 400 * b * b,
+                               true_limit=10**12)
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    assert "over the budget" in result.note
+    assert result.verified and result.verified_peak is not None
+    assert result.verified_peak <= budget and result.predicted == modelled.measured[-1]
+    assert len(modelled.measured) == len(result.probes) + 2

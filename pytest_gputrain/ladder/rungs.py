@@ -28,6 +28,7 @@ from pytest_gputrain.ladder.headroom import (
     predict_largest,
     probes_below,
 )
+from pytest_gputrain.units import format_bytes
 
 Batch = Any  # whatever the project's step function takes
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -237,9 +238,10 @@ class Ladder:
         record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
                                 predicted=predict_largest(fit, budget, MARGIN), verified=False,
                                 verified_peak=None)
-        # A batch that runs out of memory on verification gets one retry at a wider margin.
+        # A batch that runs out of memory on verification, or peaks over a budget smaller than
+        # the GPU (one passed in), gets one retry at a wider margin.
         fallback = predict_largest(fit, budget, FALLBACK_MARGIN)
-        out_of_memory: list[int] = []
+        missed: list[str] = []
         for attempt in dict.fromkeys((record.predicted, fallback)):
             if not attempt:
                 break
@@ -248,13 +250,14 @@ class Ladder:
                 record.verified_peak = self._peak(model, optimizer, dev, precision, attempt)
             except torch.OutOfMemoryError:
                 optimizer.zero_grad(set_to_none=True)
-                out_of_memory.append(attempt)
+                missed.append(f"batch {attempt} ran out of memory on verification")
                 continue
             record.verified = record.verified_peak <= budget
-            break
-        if out_of_memory:
-            record.note = ("batch " + " and ".join(map(str, out_of_memory))
-                           + " ran out of memory on verification")
+            if record.verified:
+                break
+            missed.append(f"batch {attempt} peaked at {format_bytes(record.verified_peak)}, "
+                          f"over the budget of {format_bytes(budget)}")
+        record.note = "; ".join(missed)
         self.results.headroom.append(record)
         del model, optimizer
         _release(torch, dev)
