@@ -59,13 +59,18 @@ def test_every_recording_is_a_sample() -> None:
     assert not set(SAMPLES) - set(EXPECTED), "recordings of samples EXPECTED.toml no longer has"
 
 
+def recorded_findings(name: str) -> list[Any]:
+    """Today's rules (with the sample's own rule parameters) on the sample's H200 facts."""
+    facts = FactsFile.model_validate(
+        json.loads((RECORDED / f"{name}.json").read_text(encoding="utf-8")))
+    rules = engine(tuple(rule_params(list(EXPECTED[name].get("args", [])))))
+    return rules.evaluate_records(facts, rules.evaluate_environment(facts.environment))
+
+
 @pytest.mark.parametrize("name", SAMPLES)
 def test_recorded_sample_gets_its_expected_codes(name: str) -> None:
     spec = EXPECTED[name]
-    facts = FactsFile.model_validate(
-        json.loads((RECORDED / f"{name}.json").read_text(encoding="utf-8")))
-    rules = engine(tuple(rule_params(list(spec.get("args", [])))))
-    findings = rules.evaluate_records(facts, rules.evaluate_environment(facts.environment))
+    findings = recorded_findings(name)
     found = sorted({f.code for f in findings
                     if f.scope in PIPELINE_SCOPES and f.severity in LOUD})
     info = {f.code for f in findings if f.scope in PIPELINE_SCOPES and f.severity == "info"}
@@ -85,13 +90,8 @@ IDLE_EXPLAINED_BY = {"GT102", "GT103", "GT104", "GT117", "GT123", "GT140", "GT14
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_recorded_sample_findings_agree_about_the_idle_gpu(name: str) -> None:
-    spec = EXPECTED[name]
-    facts = FactsFile.model_validate(
-        json.loads((RECORDED / f"{name}.json").read_text(encoding="utf-8")))
-    rules = engine(tuple(rule_params(list(spec.get("args", [])))))
-    findings = rules.evaluate_records(facts, rules.evaluate_environment(facts.environment))
     by_subject: dict[str, set[str]] = {}
-    for finding in findings:
+    for finding in recorded_findings(name):
         if finding.scope == "run":
             by_subject.setdefault(finding.subject, set()).add(finding.code)
     for subject, codes in by_subject.items():

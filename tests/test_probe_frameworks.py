@@ -119,6 +119,14 @@ def test_a_batch_of_token_ids_counts_its_tokens() -> None:
 
 # -- the framework samples' training code on the CPU, under a real probe ----------------------
 
+def ignore_framework_warnings(test: Callable[..., Any]) -> Callable[..., Any]:
+    """The frameworks' own warnings on a CPU (pin_memory without an accelerator, deprecations)
+    are theirs, not the probe's: ignored in the tests that train through them."""
+    for category in ("UserWarning", "DeprecationWarning", "FutureWarning"):
+        test = pytest.mark.filterwarnings(f"ignore::{category}")(test)
+    return test
+
+
 def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
     probe.start()
@@ -132,9 +140,7 @@ def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
     return result, probe.facts()
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # pin_memory without an accelerator, ...
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+@ignore_framework_warnings
 @pytest.mark.parametrize("name", ["lightning_healthy", "lightning_starved_loader"])
 def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: str) -> None:
     pytest.importorskip("pytorch_lightning", reason="pip install 'pytest-gputrain[frameworks]'")
@@ -153,9 +159,7 @@ def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: s
     assert facts.batch_tokens is None  # images, not token ids
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+@ignore_framework_warnings
 @pytest.mark.parametrize("name", ["hf_trainer_healthy", "hf_trainer_fp32"])
 def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
         name: str, tmp_path: Path) -> None:
@@ -175,9 +179,7 @@ def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
 
 # -- a framework's checkpoint every step: its whole save counts, torch.save inside it once -----
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+@ignore_framework_warnings
 def test_the_trainers_checkpoint_counts_whole_and_once(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers",
                                        reason="pip install 'pytest-gputrain[frameworks]'")
@@ -202,22 +204,25 @@ def test_the_trainers_checkpoint_counts_whole_and_once(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("checkpoint-*"))) == steps
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+def _lightning_sample_fit(pl: Any, steps: int, **trainer_args: Any) -> RunFacts:
+    """The lightning_healthy sample's module, shrunk, fitted on the CPU under a real probe."""
+    sample = load_sample("lightning_healthy")
+    pl.seed_everything(0, verbose=False)
+    model = sample.StripeClassifier(sample.Data(images=60, size=16, batch_size=12, workers=0))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=steps,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         **trainer_args)
+    return _probed(lambda: trainer.fit(model))[1]
+
+
+@ignore_framework_warnings
 def test_lightnings_checkpoint_counts_whole_and_once(tmp_path: Path) -> None:
     pl = pytest.importorskip("pytorch_lightning",
                              reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = load_sample("lightning_healthy")
     steps = 5
-    pl.seed_everything(0, verbose=False)
-    model = sample.StripeClassifier(sample.Data(images=60, size=16, batch_size=12, workers=0))
     every_step = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1,
                                               save_top_k=-1)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=steps,
-                         logger=False, callbacks=[every_step], enable_progress_bar=False,
-                         enable_model_summary=False)
-    _, facts = _probed(lambda: trainer.fit(model))
+    facts = _lightning_sample_fit(pl, steps, callbacks=[every_step])
     assert facts.framework == "lightning" and facts.steps == steps
     assert facts.checkpoint.saves == steps
     assert facts.checkpoint.writers == ["lightning Trainer.save_checkpoint"]
@@ -240,9 +245,7 @@ def test_torch_save_alone_names_torch_save(tmp_path: Path) -> None:
     assert facts.checkpoint.saves == 4 and facts.checkpoint.writers == ["torch.save"]
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+@ignore_framework_warnings
 def test_lightnings_debugging_flags_reach_the_facts(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Trainer(detect_anomaly=True, deterministic=True)``: the settings GT115 and GT114 name
     under Lightning are seen as the anomaly mode and the deterministic algorithms they turn on."""
@@ -250,15 +253,10 @@ def test_lightnings_debugging_flags_reach_the_facts(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     pl = pytest.importorskip("pytorch_lightning",
                              reason="pip install 'pytest-gputrain[frameworks]'")
-    sample = load_sample("lightning_healthy")
     steps = 4
-    pl.seed_everything(0, verbose=False)
-    model = sample.StripeClassifier(sample.Data(images=48, size=16, batch_size=12, workers=0))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="32-true", max_steps=steps,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, detect_anomaly=True, deterministic=True)
     try:
-        _, facts = _probed(lambda: trainer.fit(model))
+        facts = _lightning_sample_fit(pl, steps, enable_checkpointing=False, detect_anomaly=True,
+                                      deterministic=True)
     finally:
         torch.use_deterministic_algorithms(False)
     assert facts.framework == "lightning" and facts.steps == steps
