@@ -15,9 +15,10 @@ stderr redirected to files in the rank's log directory, and ``TORCHELASTIC_ERROR
    launch's frames, the phase it happened in and the probe data;
 4. the parent's sys.path, working directory and ``__main__`` (multiprocessing's spawn
    preparation), then the function, unpickled here so that an import error is reported as such;
-5. instrumentation, ``init_process_group``, the function, ``destroy_process_group``, and the
-   result file (elastic returns no values from a process it started as a command); on failure
-   the rank exits at once (``os._exit``) rather than risk hanging in NCCL teardown.
+5. instrumentation, ``init_process_group`` (then a wait, at the launcher's store, until every rank
+   has initialised, so that no rank leaves while a peer still connects to it), the function,
+   ``destroy_process_group``, and the result file (elastic returns no values from a process it
+   started as a command); on failure the rank exits at once (``os._exit``) rather than risk hanging in NCCL teardown.
 """
 
 from __future__ import annotations
@@ -123,6 +124,14 @@ def init_group(backend: str, rank: int, world_size: int, local_rank: int,
         where["device_id"] = torch.device("cuda", local_rank)
     dist.init_process_group(backend=backend, world_size=world_size, rank=rank,
                             timeout=datetime.timedelta(seconds=collective_timeout), **where)
+
+
+def wait_for_every_rank(store: Any, rank: int, world_size: int) -> None:
+    """Return once every rank's ``init_process_group`` has returned. A rank whose function
+    returns at once must not exit while a peer is still connecting to it (gloo's
+    ``connectFullMesh`` then fails with "Connection closed by peer")."""
+    store.set(f"gputrain/initialized/{rank}", "1")
+    store.wait([f"gputrain/initialized/{peer}" for peer in range(world_size)])
 
 
 def dist_store_client(host: str, port: int, timeout_s: float) -> Any:
@@ -240,6 +249,7 @@ def _run(spec: dict[str, Any], rank: int, recorder: RankRecorder, rank_dir: Path
         store = dist_store_client(spec["host"], spec["port"], spec["collective_timeout"])
         init_group(spec["backend"], rank, spec["world_size"], local_rank,
                    spec["collective_timeout"], store=store)
+        wait_for_every_rank(store, rank, spec["world_size"])
     payload = run_function(fn, args, kwargs, recorder, device, destroy_group=True)
     _write_atomically(rank_dir / RESULT_FILE, payload)
     recorder.set_phase("done")
