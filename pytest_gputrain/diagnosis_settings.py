@@ -18,6 +18,7 @@ from pytest_gputrain.options import (
     INI_TURNS_ON,
     OPTIONS,
     Option,
+    parse_choice,
     read,
     read_with_base,
     resolve_path,
@@ -74,18 +75,13 @@ def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> Re
 def parse_fail_on(value: object) -> str:
     """The lowest severity that fails the session (``error`` when not set); ValueError naming
     anything else."""
-    level = str(value or "error").strip().lower()
-    if level not in FAIL_ON:
-        raise ValueError(f"{level!r} is not one of {', '.join(FAIL_ON)}")
-    return level
+    return parse_choice(value or "error", FAIL_ON, "a severity that fails the session")
 
 
 def parse_annotations(value: object, environ: Mapping[str, str]) -> bool:
     """Whether to print workflow annotations: ``auto`` (the default) under GitHub Actions only,
     ``always``, ``never``; ValueError naming anything else."""
-    when = str(value or "auto").strip().lower()
-    if when not in ANNOTATIONS:
-        raise ValueError(f"{when!r} is not one of {', '.join(ANNOTATIONS)}")
+    when = parse_choice(value or "auto", ANNOTATIONS, "a setting for workflow annotations")
     return when == "always" or (when == "auto" and environ.get("GITHUB_ACTIONS") == "true")
 
 

@@ -17,6 +17,7 @@ modules loaded where an option is set (``diagnosis_settings.py`` for the diagnos
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,15 @@ def not_empty(value: str) -> str:
         raise argparse.ArgumentTypeError("an empty value is not a setting: give a value, or "
                                          "leave the option out for its default")
     return value
+
+
+def parse_choice(value: object, choices: Sequence[str], what: str) -> str:
+    """``value`` as one of ``choices``, case and surrounding spaces ignored; a ValueError naming
+    the value, what it should be and the choices otherwise."""
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ValueError(f"{text!r} is not {what}; expected one of {', '.join(choices)}")
+    return text
 
 
 def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> None:

@@ -67,7 +67,8 @@ def test_annotations_are_on_under_github_actions_unless_told_otherwise() -> None
     assert parse_annotations("auto", {}) is False
     assert parse_annotations("never", {"GITHUB_ACTIONS": "true"}) is False
     assert parse_annotations("Always", {}) is True
-    with pytest.raises(ValueError, match="'yes' is not one of auto, always, never"):
+    with pytest.raises(ValueError, match="'yes' is not a setting for workflow annotations; "
+                                         "expected one of auto, always, never"):
         parse_annotations("yes", {})
 
 
@@ -107,8 +108,9 @@ def test_annotations_can_be_asked_for_and_refused(
     refused = _run(pytester, "-o", "gpu_annotations=never")
     assert not [line for line in refused.outlines if line.startswith("::")]
     bad = _run(pytester, "--gpu-annotations=sometimes")
-    bad.stderr.fnmatch_lines(["*gpu_annotations / --gpu-annotations: 'sometimes' is not one "
-                              "of auto, always, never"])
+    bad.stderr.fnmatch_lines(["*gpu_annotations / --gpu-annotations: 'sometimes' is not a "
+                              "setting for workflow annotations; expected one of auto, always, "
+                              "never"])
 
 
 def _properties(path: Any) -> dict[str, list[tuple[str, str]]]:

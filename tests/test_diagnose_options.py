@@ -52,7 +52,9 @@ def test_outputs_in_the_ini_file_turn_it_on_settings_alone_do_not(
 
 
 @pytest.mark.parametrize(("ini", "message"), [
-    ("gpu_fail_on = sometimes", "*gpu_fail_on*'sometimes' is not one of error, warning*"),
+    ("gpu_fail_on = sometimes",
+     "*gpu_fail_on*'sometimes' is not a severity that fails the session; expected one of error, "
+     "warning*"),
     ("gpu_select = G!", "*gpu_select: 'G!' is not a rule code or code prefix*"),
     ("gpu_ignore = XY0", "*gpu_ignore: 'XY0' is not a rule code or code prefix*"),
     ("gpu_severity = GT016=fatal", "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),

@@ -127,7 +127,9 @@ def test_json_and_markdown_reports(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpu-fail-on=sometimes"], "*gpu_fail_on*'sometimes' is not one of error, warning*"),
+        (["--gpu-fail-on=sometimes"],
+         "*gpu_fail_on*'sometimes' is not a severity that fails the session; expected one of "
+         "error, warning*"),
         (["--gpu-report=report.txt"], "*gpu_report*'report.txt' must end in .json, .md or .html*"),
         (["--gpu-severity=GT016=fatal"], "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
         (["--gpu-severity=GT999=error"], "*gpu_severity: no rule with code GT999*"),

@@ -18,7 +18,8 @@ stderr redirected to files in the rank's log directory, and ``TORCHELASTIC_ERROR
 5. instrumentation, ``init_process_group`` (then a wait, at the launcher's store, until every rank
    has initialised, so that no rank leaves while a peer still connects to it), the function,
    ``destroy_process_group``, and the result file (elastic returns no values from a process it
-   started as a command); on failure the rank exits at once (``os._exit``) rather than risk hanging in NCCL teardown.
+   started as a command); on failure the rank exits at once (``os._exit``) rather than risk
+   hanging in NCCL teardown.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import read, read_with_base, resolve_path
+from pytest_gputrain.options import parse_choice, read, read_with_base, resolve_path
 from pytest_gputrain.regression.options import (
     CANNOT_TELL,
     DEFAULT_ALPHA,
@@ -126,19 +126,11 @@ def parse_alpha(value: object) -> float:
 
 
 def parse_step_summary(value: object) -> str:
-    text = str(value).strip().lower()
-    if text not in STEP_SUMMARIES:
-        raise ValueError(f"{value!r} is not a step summary; expected one of "
-                         f"{', '.join(STEP_SUMMARIES)} (e.g. min)")
-    return text
+    return parse_choice(value, STEP_SUMMARIES, "a step summary")
 
 
 def parse_cannot_tell(value: object) -> str:
-    text = str(value).strip().lower()
-    if text not in CANNOT_TELL:
-        raise ValueError(f"{value!r} is not a policy for 'cannot tell'; expected one of "
-                         f"{', '.join(CANNOT_TELL)} (e.g. {DEFAULT_CANNOT_TELL})")
-    return text
+    return parse_choice(value, CANNOT_TELL, "a policy for 'cannot tell'")
 
 
 def parse_run_name(value: object, *, for_save: bool) -> str:
