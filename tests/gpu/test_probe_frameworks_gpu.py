@@ -16,25 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_usable import SKIP_WITHOUT_CUDA
 from sample_modules import load_sample
 
-pytestmark = [pytest.mark.requires_cuda, pytest.mark.gpu,
+pytestmark = [SKIP_WITHOUT_CUDA, pytest.mark.requires_cuda, pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-if not _cuda():
-    pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
 
 
 def _probed(train: Callable[[], Any]) -> Any:

@@ -21,24 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_usable import SKIP_WITHOUT_CUDA
 
-pytestmark = [pytest.mark.requires_cuda, pytest.mark.gpu,
+pytestmark = [SKIP_WITHOUT_CUDA, pytest.mark.requires_cuda, pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")]
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
-if not _cuda():
-    pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
 
 
 def _diagnose(tmp_path: Path, source: str) -> dict[str, Any]:

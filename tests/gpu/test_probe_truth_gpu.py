@@ -30,25 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cuda_usable import SKIP_WITHOUT_CUDA
 
-pytestmark = [pytest.mark.gpu, pytest.mark.requires_cuda,
+pytestmark = [SKIP_WITHOUT_CUDA, pytest.mark.gpu, pytest.mark.requires_cuda,
               pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")]
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 GiB = 2**30
 
-
-def _cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())  # no context is created here
-
-
-if not _cuda():
-    pytestmark.append(pytest.mark.skip(reason="needs torch with a usable CUDA GPU"))
 
 
 def _release_outer_cache() -> None:
