@@ -12,9 +12,9 @@ from pytest_gputrain.ladder.headroom import (
     MARGIN,
     fit_line,
     fit_upper_line,
-    next_probe,
     predict_largest,
     probes_below,
+    take_probes,
 )
 
 
@@ -48,14 +48,10 @@ def test_no_growth_means_no_prediction() -> None:
         fit_line([(8, 100), (8, 120)])
 
 
-def _planned(peak_of, first: int, fixed: int, budget: int) -> list[tuple[int, int]]:
+def _planned(peak_of: Callable[[int], int], first: int, fixed: int, budget: int
+             ) -> list[tuple[int, int]]:
     """The probes the ladder takes against a memory model ``peak_of(batch)``."""
-    probes = [(first, peak_of(first))]
-    below = probes_below(first, probes[0][1], fixed, budget)
-    probes += [(b, peak_of(b)) for b in below]
-    while not below and (batch := next_probe(probes, fixed, budget)) is not None:
-        probes.append((batch, peak_of(batch)))
-    return probes
+    return take_probes(first, peak_of(first), fixed, budget, peak_of)
 
 
 def test_probes_climb_to_two_thirds_of_the_budget_and_no_further() -> None:

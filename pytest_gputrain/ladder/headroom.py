@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # Shares of the reachable batch where the second and third probes go: far enough apart for a
@@ -98,3 +98,15 @@ def probes_below(first: int, first_peak: int, fixed: int, budget: int) -> list[i
     if reach * PROBE_SHARES[0] >= first:
         return []
     return [b for b in (first // 2, first // 4) if b >= 1 and b != first]
+
+
+def take_probes(first: int, first_peak: int, fixed: int, budget: int,
+                peak_of: Callable[[int], int]) -> list[tuple[int, int]]:
+    """The probes, (batch size, peak) each: ``first`` as measured, then below it or up to two
+    thirds of the budget, each measured with ``peak_of`` before the next is placed."""
+    probes = [(first, first_peak)]
+    below = probes_below(first, first_peak, fixed, budget)
+    probes += [(batch, peak_of(batch)) for batch in below]
+    while not below and (batch := next_probe(probes, fixed, budget)) is not None:
+        probes.append((batch, peak_of(batch)))
+    return probes

@@ -13,6 +13,7 @@ Every rung records a row; the session prints the table and puts it in the report
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
@@ -24,9 +25,8 @@ from pytest_gputrain.ladder.headroom import (
     FALLBACK_MARGIN,
     MARGIN,
     fit_upper_line,
-    next_probe,
     predict_largest,
-    probes_below,
+    take_probes,
 )
 from pytest_gputrain.units import format_bytes
 
@@ -227,13 +227,9 @@ class Ladder:
         # One step first, so optimizer state and workspaces exist in every probe's baseline.
         self._run_steps(model, optimizer, dev, precision, self.spec.batches(start_batch), 1)
         budget = budget if budget is not None else memory_budget(dev)
-        probes = [(start_batch, self._peak(model, optimizer, dev, precision, start_batch))]
-        fixed = _settled_allocated(torch, dev)
-        below = probes_below(start_batch, probes[0][1], fixed, budget)
-        for batch in below:
-            probes.append((batch, self._peak(model, optimizer, dev, precision, batch)))
-        while not below and (step_up := next_probe(probes, fixed, budget)) is not None:
-            probes.append((step_up, self._peak(model, optimizer, dev, precision, step_up)))
+        first_peak = self._peak(model, optimizer, dev, precision, start_batch)
+        probes = take_probes(start_batch, first_peak, _settled_allocated(torch, dev), budget,
+                             functools.partial(self._peak, model, optimizer, dev, precision))
         fit = fit_upper_line(probes)
         record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
                                 predicted=predict_largest(fit, budget, MARGIN), verified=False,
