@@ -243,6 +243,16 @@ FRAMEWORK_CHECKPOINTS = (
 )
 
 
+def framework_checkpoint_methods() -> list[tuple[type, str, str]]:
+    """(class, method name, writer) of the FRAMEWORK_CHECKPOINTS whose module is imported."""
+    found = []
+    for module_name, class_name, method, writer in FRAMEWORK_CHECKPOINTS:
+        owner = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(owner, type):
+            found.append((owner, method, writer))
+    return found
+
+
 class SaveNesting:
     """How deep the training is in checkpoint saves: only the outermost one is timed."""
 
@@ -250,12 +260,11 @@ class SaveNesting:
         self.depth = 0
 
 
-def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks, writer: str = "torch.save",
-              nesting: SaveNesting | None = None) -> Callable[..., Any]:
+def wrap_save(original: Callable[..., Any], probe: ProbeCallbacks, writer: str,
+              nesting: SaveNesting) -> Callable[..., Any]:
     """Time each checkpoint save (``torch.save``, or a framework's checkpoint method) and tell
     the probe which step it fell in; saves inside another one are part of it."""
     clock = time.perf_counter
-    nesting = nesting or SaveNesting()
 
     def save(*args: Any, **kwargs: Any) -> Any:
         if nesting.depth:
@@ -429,10 +438,9 @@ class Installation:
         nesting = SaveNesting()
         if callable(getattr(self.torch, "save", None)):
             self.patches.set(self.torch, "save",
-                             wrap_save(self.torch.save, self.probe, nesting=nesting))
-        for module_name, class_name, method, writer in FRAMEWORK_CHECKPOINTS:
-            owner = getattr(sys.modules.get(module_name), class_name, None)
-            original = vars(owner).get(method) if isinstance(owner, type) else None
+                             wrap_save(self.torch.save, self.probe, "torch.save", nesting))
+        for owner, method, writer in framework_checkpoint_methods():
+            original = vars(owner).get(method)
             if callable(original):
                 self.patches.set(owner, method,
                                  wrap_save(original, self.probe, writer, nesting))
@@ -552,9 +560,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     owners: list[tuple[Any, str]] = [(torch.autograd, "backward"), (torch.autograd, "grad"),
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile"), (torch, "save")]
-    owners += [(owner, method) for module_name, class_name, method, _ in FRAMEWORK_CHECKPOINTS
-               if isinstance(owner := getattr(sys.modules.get(module_name), class_name, None),
-                             type)]
+    owners += [(owner, method) for owner, method, _ in framework_checkpoint_methods()]
     owners += [(torch.Tensor, name) for name in SYNC_METHODS]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.cuda, "reset_peak_memory_stats"),
