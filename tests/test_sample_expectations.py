@@ -92,3 +92,17 @@ def test_the_runner_skips_a_sample_whose_framework_is_missing() -> None:
         assert EXPECTED[name]["requires"] == ["pytorch_lightning"]
     for name in ("hf_trainer_healthy", "hf_trainer_fp32"):
         assert EXPECTED[name]["requires"] == ["transformers", "accelerate"]
+
+
+def test_the_runner_selects_the_sample_sets() -> None:
+    runner = _runner()
+    assert runner.selected_sets(None) == ["pipelines"]
+    assert runner.selected_sets("heldout") == ["heldout"]
+    assert runner.selected_sets("all") == runner.selected_sets(" pipelines, heldout ") == [
+        "pipelines", "heldout"]
+    with pytest.raises(ValueError, match=r"GPUTRAIN_SAMPLE_SET='pipeline': name pipelines, "
+                                         r"heldout or all"):
+        runner.selected_sets("pipeline")
+    ids = [param.id for param in runner.sample_params(["pipelines", "heldout"])]
+    assert "sync_heavy" in ids and "heldout/gc_collect_every_step" in ids
+    assert len(ids) == len(EXPECTED) + len(runner.HELDOUT_EXPECTED) == len(set(ids))
