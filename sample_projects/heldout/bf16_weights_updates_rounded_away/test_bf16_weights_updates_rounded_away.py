@@ -20,8 +20,9 @@ there will be no change to the weight").
 Fix: keep the weights in float32 and run the forward under ``torch.autocast("cuda",
 dtype=torch.bfloat16)``; or keep float32 master weights, or round stochastically.
 
-The test asserts that the loss falls by a fifth, and fails. A correct diagnosis names the
-bf16 weights whose updates are below their rounding step (no float32 master copy).
+The test asserts that the loss fell, and it did, a little (the weights small enough to move
+still learn): the smoke test passes. A correct diagnosis names the bf16 weights whose updates
+are below their rounding step (no float32 master copy).
 """
 
 from __future__ import annotations
@@ -92,4 +93,4 @@ def test_bf16_fine_tune_learns() -> None:
     losses = train(DEVICE)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     print(f"loss {first:.3f} -> {last:.3f}")
-    assert last < 0.8 * first
+    assert last < first
