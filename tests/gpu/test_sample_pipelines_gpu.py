@@ -15,8 +15,9 @@ Markdown table of all samples run so far is (re)written there after each one.
 ``GPUTRAIN_SAMPLE_SET`` picks the samples: ``pipelines`` (the default), ``heldout`` (the
 held-out samples of sample_projects/heldout/, test ids ``heldout/<name>``) or ``all``. A
 held-out sample's test checks that the sample ran as its table says (its own test passed, or
-failed where ``fails``) and records its codes without asserting them: the held-out score is a
-measure of the rules, not a target.
+failed where ``fails``) and records the verdict on its diagnosis (NAMED or MISSED for a fault,
+quiet or LOUD for a healthy sample) without asserting it: the held-out score is a measure of
+the rules, not a target (benchmarks/heldout_score.py computes it from the facts files).
 """
 
 from __future__ import annotations
@@ -167,6 +168,18 @@ def sample_params(sets: list[str]) -> list[Any]:
             for sample_set in sets for name in sorted(SAMPLE_SETS[sample_set][1])]
 
 
+def _heldout_scorer() -> Any:
+    """benchmarks/heldout_score.py, which judges a held-out sample's findings (loaded once)."""
+    if "heldout_score" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "heldout_score", ROOT / "benchmarks" / "heldout_score.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules["heldout_score"]
+
+
 def _skip_without_gpus(name: str, needed: int) -> None:
     import torch
 
@@ -220,9 +233,10 @@ def test_sample_pipeline_diagnosis(sample_set: str, name: str, tmp_path: Path) -
     outcome = _outcome(done.returncode, done.stdout)
     wanted = "failed" if should_fail else "passed"
     missing_info = sorted(set(spec.get("expect_info", [])) - set(info))
-    if heldout:  # the diagnosis is measured, not asserted
+    if heldout:  # the diagnosis is measured (NAMED/MISSED, quiet/LOUD), not asserted
+        judged = _heldout_scorer().judge(name, spec, findings)
         expected_text = "names: " + spec["names"] if "cause" in spec else "-"
-        verdict = "ran" if outcome == wanted else f"tests {outcome}"
+        verdict = judged.outcome if outcome == wanted else f"{judged.outcome}; tests {outcome}"
     else:
         expected_text = ", ".join(expect) or "-"
         verdict_ok = found == expect and outcome == wanted and not missing_info
