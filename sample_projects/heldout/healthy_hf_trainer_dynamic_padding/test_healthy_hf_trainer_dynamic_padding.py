@@ -2,7 +2,7 @@
 
 No fault. The neighbour of ``hf_trainer_padded_to_max_length``: the same BERT-style classifier
 (4 x 512 from a ``BertConfig``, nothing downloaded), the same texts (40 words on the median,
-long-tailed) and ``TrainingArguments`` (``bf16=True``, batch 128, 2 pinned persistent loader
+long-tailed) and ``TrainingArguments`` (``bf16=True``, batch 128, 4 pinned persistent loader
 workers), but the texts are tokenized without padding and
 ``DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)`` pads each batch to its longest
 example, as the Transformers documentation advises ("Data collators",
@@ -73,7 +73,7 @@ class Encoded(torch.utils.data.Dataset):
 
 
 def train(output_dir: str, steps: int = STEPS, *, cpu: bool = False, layers: int = 4,
-          width: int = 512, batch_size: int = BATCH_SIZE, workers: int = 2) -> list[float]:
+          width: int = 512, batch_size: int = BATCH_SIZE, workers: int = 4) -> list[float]:
     """Fine-tune a random-initialised BERT with the Trainer; returns the losses it logged."""
     transformers.set_seed(0)
     tokenizer = word_tokenizer()

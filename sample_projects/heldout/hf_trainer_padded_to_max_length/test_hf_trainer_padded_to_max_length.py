@@ -3,9 +3,10 @@
 A BERT-style classifier (4 x 512, built from a ``BertConfig``; nothing is downloaded) fine-tunes
 through the ``Trainer`` on short texts: 40 words on the median, rarely more than 150. The
 dataset is tokenized once, as many tutorials show, with ``tokenizer(texts, padding="max_length",
-max_length=512, truncation=True)``. Every batch is then 128 x 512 tokens, about three quarters
-of them ``[PAD]``: the attention mask zeroes their effect on the result, not their cost. Each
-layer computes on all 512 positions, attention on 512 x 512 of them.
+max_length=512, truncation=True)``. Every batch is then 128 x 512 tokens, nine in ten of them
+``[PAD]``: the attention mask zeroes their effect on the result, not their cost. Each layer
+computes on all 512 positions, attention on 512 x 512 of them; padding each batch to its
+longest text would make the batches about 150 tokens long.
 
 Sources: the Transformers documentation, "Data collators" (a collator "can also dynamically pad
 samples to the longest sequence in each batch, which is more efficient than padding to a global
@@ -85,7 +86,7 @@ class Encoded(torch.utils.data.Dataset):
 
 
 def train(output_dir: str, steps: int = STEPS, *, cpu: bool = False, layers: int = 4,
-          width: int = 512, batch_size: int = BATCH_SIZE, workers: int = 2) -> list[float]:
+          width: int = 512, batch_size: int = BATCH_SIZE, workers: int = 4) -> list[float]:
     """Fine-tune a random-initialised BERT with the Trainer; returns the losses it logged."""
     transformers.set_seed(0)
     tokenizer = word_tokenizer()
