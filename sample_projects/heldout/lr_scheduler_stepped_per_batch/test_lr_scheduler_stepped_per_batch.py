@@ -16,8 +16,10 @@ epoch AND per batch?").
 Fix: call ``scheduler.step()`` once per epoch (or give an iteration-based schedule its length
 in steps).
 
-The test asserts that the loss halves, and fails. A correct diagnosis names the scheduler (the
-learning rate that ``StepLR`` decayed to almost nothing within the run).
+The test asserts that the loss falls by a tenth, and fails: it falls by under 1 %, where the
+schedule stepped per epoch makes it fall by a quarter (a smaller copy of the run, on a CPU). A
+correct diagnosis names the scheduler (the learning rate that ``StepLR`` decayed to almost
+nothing within the run).
 """
 
 from __future__ import annotations
@@ -76,4 +78,4 @@ def test_tabular_classifier_learns_the_teacher() -> None:
     losses = train(DEVICE)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     print(f"loss {first:.3f} -> {last:.3f}")
-    assert last < 0.5 * first
+    assert last < 0.9 * first
