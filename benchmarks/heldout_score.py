@@ -227,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="another folder of GT*.toml rules, beside the built-in ones")
     parser.add_argument("--format", choices=("text", "md", "json"), default="text")
     args = parser.parse_args(argv)
+    # This checkout's package and rules, whatever version may be installed beside it.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     try:
         if not args.facts_dir.is_dir():
             raise ScoreError(f"{args.facts_dir}: no such folder of facts files")
