@@ -286,42 +286,125 @@ def test_workers_rows_merge_in_worker_order() -> None:
                                                                          "gw10"]
 
 
-class _ModelledLadder:
-    """A ladder whose peaks come from a memory model instead of a GPU: the rung's control flow
-    (probes, prediction, verification and its one retry) on any machine."""
+class _ModelledAllocator:
+    """``torch.cuda`` as the ladder reads it, over a memory model: the rung's own code (its
+    release of what it made, its reads of the peaks, its verification and retry) runs on any
+    machine.
 
-    def __init__(self, peak_of: Callable[[int], int], true_limit: int) -> None:
-        self.peak_of, self.true_limit = peak_of, true_limit
-        self.measured: list[int] = []
+    A step at batch ``b`` peaks at ``peak_of(b)`` bytes. It runs out of memory when that, plus
+    what live tensors strand, passes ``true_limit`` (where a fresh process stops). Tensors are
+    placed when they are made: a model's parameters among the segments the cache holds (in an
+    emptied allocator they get segments of their own and strand nothing), an optimizer's state
+    at its first step among that batch's segments. Placed at batch ``p``, they strand
+    ``stranded`` bytes for a step at any other batch while they live: the free pieces of the
+    segments they pin, the wrong sizes for that batch's blocks. (A fresh process at ``p`` has
+    the same pieces, and ``true_limit`` counts them.)"""
+
+    OutOfMemoryError = __import__("torch").OutOfMemoryError
+
+    def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
+                 fixed: int = 1_000_000_000) -> None:
+        import weakref
+
+        self.peak_of, self.true_limit, self.stranded, self.fixed = (peak_of, true_limit,
+                                                                    stranded, fixed)
+        self.placed: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self.cached_batch: int | None = None  # the batch whose segments the cache holds
+        self.peak = fixed
+        self.steps: list[int] = []  # the batch of every step tried, in order
+
+    def made(self, model: Any) -> None:
+        self.placed[model] = self.cached_batch
+
+    def step(self, optimizer: Any, batch: int) -> None:
+        self.steps.append(batch)
+        self.placed.setdefault(optimizer, batch)
+        self.cached_batch = batch  # what the step allocated, up to an OOM too, stays cached
+        if self.peak_of(batch) + self.stranding(batch) > self.true_limit:
+            raise self.OutOfMemoryError("CUDA out of memory (modelled)")
+        self.peak = max(self.peak, self.peak_of(batch))
+
+    def stranding(self, batch: int | None) -> int:
+        """Bytes that live tensors placed at another batch than ``batch`` strand."""
+        return sum(self.stranded for at in list(self.placed.values())
+                   if at is not None and at != batch)
+
+    # -- what the ladder calls -----------------------------------------------------------------
+
+    def synchronize(self, device: Any = None) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        self.cached_batch = None  # free segments go back; the ones live tensors pin stay
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self.peak = self.fixed
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.peak
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.fixed
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.fixed + self.stranding(None)
+
+
+class _ModelledLadder:
+    """A ladder whose steps run on a :class:`_ModelledAllocator` instead of a GPU. The project's
+    model and optimizer are real (CPU) objects, so whether the rung keeps them alive is real."""
+
+    def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
+                 keep_optimizers: bool = False) -> None:
+        self.allocator = _ModelledAllocator(peak_of, true_limit, stranded)
+        # A project that keeps every optimizer it is handed (in a list, for its logs).
+        self.kept: list[Any] | None = [] if keep_optimizers else None
+
+    def optimizer(self, model: Any) -> Any:
+        import torch
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if self.kept is not None:
+            self.kept.append(optimizer)
+        return optimizer
 
     def make(self, monkeypatch: pytest.MonkeyPatch) -> Any:
+        import itertools
+        from types import SimpleNamespace
+
         import torch
 
         from pytest_gputrain.ladder import Ladder, LadderSpec, rungs
 
-        modelled = self
-        monkeypatch.setattr(rungs, "_settled_allocated", lambda torch, dev: 1_000_000_000)
-        monkeypatch.setattr(rungs, "_release", lambda torch, dev: None)
+        allocator = self.allocator
+        monkeypatch.setattr(rungs, "_torch", lambda: SimpleNamespace(
+            cuda=allocator, OutOfMemoryError=allocator.OutOfMemoryError))
 
         class Modelled(Ladder):
             def _device(self, name: str) -> Any:
-                return torch.device("cpu")
+                return SimpleNamespace(type="cuda", index=0)
 
-            def _run_steps(self, *args: Any, **kwargs: Any) -> list[float]:
-                return [1.0]
+            def _fresh(self, device: Any) -> tuple[Any, Any]:
+                model = self.spec.make_model()
+                allocator.made(model)
+                return model, self.spec.make_optimizer(model)
 
-            def _peak(self, model: Any, optimizer: Any, device: Any, precision: str,
-                      batch: int) -> int:
-                modelled.measured.append(batch)
-                peak = modelled.peak_of(batch)
-                if peak > modelled.true_limit:
-                    raise torch.OutOfMemoryError("CUDA out of memory (modelled)")
-                return peak
+            def _run_steps(self, model: Any, optimizer: Any, device: Any, precision: str,
+                           batches: Any, steps: int) -> list[float]:
+                for _ in range(steps):
+                    allocator.step(optimizer, next(batches))
+                return [1.0] * steps
 
         spec = LadderSpec(name="modelled", make_model=lambda: torch.nn.Linear(2, 2),
-                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                          batches=lambda size: iter(()), step=lambda *a: 0.0)
+                          make_optimizer=self.optimizer,
+                          batches=lambda size: itertools.repeat(size), step=lambda *a: 0.0)
         return Modelled(spec)
+
+
+def _measured(start: int, probes: list[tuple[int, int]], verified: list[int]) -> list[int]:
+    """The steps of a rung: one at ``start`` first, then two at each probe and verification."""
+    return [start] + [b for b, _ in probes for _ in range(2)] + [b for b in verified
+                                                                for _ in range(2)]
 
 
 def test_largest_batch_takes_three_probes_and_verifies_the_prediction(
@@ -332,20 +415,25 @@ def test_largest_batch_takes_three_probes_and_verifies_the_prediction(
     assert len(result.probes) == 3 and result.verified and not result.note
     true_largest = (budget - 1_000_000_000) // 20_000_000
     assert 0.97 <= result.predicted / true_largest <= 1.0
-    assert modelled.measured == [b for b, _ in result.probes] + [result.predicted]
+    assert modelled.allocator.steps == _measured(32, result.probes, [result.predicted])
+    assert result.left_by_probes == 0
 
 
 def test_a_prediction_that_runs_out_of_memory_is_retried_once_at_a_wider_margin(
         monkeypatch: pytest.MonkeyPatch) -> None:
     budget = 12 * 2**30
-    # The allocator wastes 4 % near the limit: the 2 % margin's batch runs out of memory.
+    # The allocator wastes 4 % near the limit: the 2 % margin's batch runs out of memory. The
+    # retry's model is made after the cache of that failed step is emptied, or its parameters
+    # would pin those segments (3 % of the budget stranded: the retry would fail too).
     modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b,
-                               true_limit=int(budget * 0.96))
+                               true_limit=int(budget * 0.96), stranded=int(budget * 0.03))
     result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
     assert result.verified
-    assert len(modelled.measured) == len(result.probes) + 2
-    assert "ran out of memory on verification" in result.note
-    assert str(modelled.measured[-2]) in result.note and result.predicted == modelled.measured[-1]
+    steps = modelled.allocator.steps
+    out_of_memory, retried = steps[-3], steps[-1]
+    assert steps == _measured(32, result.probes, [retried])[:-2] + [out_of_memory] + [retried] * 2
+    assert result.note == f"batch {out_of_memory} ran out of memory on verification"
+    assert result.predicted == retried < out_of_memory
 
 
 def test_a_peak_over_a_budget_smaller_than_the_gpu_is_retried_too(
@@ -358,5 +446,46 @@ def test_a_peak_over_a_budget_smaller_than_the_gpu_is_retried_too(
     result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
     assert "over the budget" in result.note
     assert result.verified and result.verified_peak is not None
-    assert result.verified_peak <= budget and result.predicted == modelled.measured[-1]
-    assert len(modelled.measured) == len(result.probes) + 2
+    assert result.verified_peak <= budget and result.predicted == modelled.allocator.steps[-1]
+    assert len(modelled.allocator.steps) == 1 + 2 * (len(result.probes) + 2)
+
+
+def test_the_verification_runs_in_an_allocator_the_probes_no_longer_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32's case: the prediction was right, but verified beside the probes' optimizer
+    state (made at the first probe's batch, pinning its segments) it ran out of memory, and
+    the retry at the wider margin settled at 0.945 of what a fresh process fits. Verified in a
+    fresh model and optimizer, in an emptied allocator, it fits at the first try."""
+    budget = 12 * 2**30
+
+    def peak_of(batch: int) -> int:
+        return 1_000_000_000 + 20_000_000 * batch
+
+    true_limit = int(budget * 0.995)  # where a fresh process stops
+    modelled = _ModelledLadder(peak_of, true_limit, stranded=int(budget * 0.03))
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    true_largest = max(b for b in range(1, 10_000) if peak_of(b) <= true_limit)
+    assert result.verified and not result.note, result.note
+    assert 0.97 <= result.predicted / true_largest <= 1.0
+    assert modelled.allocator.steps == _measured(32, result.probes, [result.predicted])
+    # Nothing the rung made is alive: the probes' optimizer, and the verification's.
+    assert result.left_by_probes == 0 and not list(modelled.allocator.placed.values())
+
+
+def test_what_a_project_keeps_of_the_probes_is_named_in_the_note(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the project keeps the optimizers it is handed, the probes' state cannot be freed:
+    the note says how much stayed, and why the verification may run out of memory."""
+    from pytest_gputrain.units import format_bytes
+
+    budget = 12 * 2**30
+    stranded = int(budget * 0.025)  # more than the 2 % margin
+    modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b,
+                               true_limit=int(budget * 0.995), stranded=stranded,
+                               keep_optimizers=True)
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    assert result.left_by_probes == stranded
+    assert result.note.startswith(f"the probes left {format_bytes(stranded)} that emptying the "
+                                  "cache could not free (something outside the rung keeps their "
+                                  "tensors)")
+    assert "ran out of memory on verification" in result.note and result.verified

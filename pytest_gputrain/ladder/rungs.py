@@ -76,6 +76,9 @@ class HeadroomRecord:
     verified: bool
     verified_peak: int | None
     note: str = ""
+    # Bytes the allocator still held, once the probes' model and optimizer were dropped and its
+    # cache emptied, beyond what it held when the rung began (None: not measured).
+    left_by_probes: int | None = None
 
 
 @dataclass
@@ -220,32 +223,33 @@ class Ladder:
     def largest_batch(self, precision: str = "fp32", start_batch: int = 32,
                       budget: int | None = None, device: str = "cuda") -> HeadroomRecord:
         """Predict the largest batch that fits the real budget from three probes, then verify it
-        with one run. ``budget`` defaults to what this process may really use (see budget())."""
+        with one run. ``budget`` defaults to what this process may really use (memory_budget())."""
         torch = _torch()
         dev = self._device(device)
-        model, optimizer = self._fresh(dev)
-        # One step first, so optimizer state and workspaces exist in every probe's baseline.
-        self._run_steps(model, optimizer, dev, precision, self.spec.batches(start_batch), 1)
         budget = budget if budget is not None else memory_budget(dev)
-        first_peak = self._peak(model, optimizer, dev, precision, start_batch)
-        probes = take_probes(start_batch, first_peak, _settled_allocated(torch, dev), budget,
-                             functools.partial(self._peak, model, optimizer, dev, precision))
+        held_before = _settled_reserved(torch, dev)
+        probes = self._probes(dev, precision, start_batch, budget)
+        left_by_probes = max(0, _settled_reserved(torch, dev) - held_before)
         fit = fit_upper_line(probes)
         record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
                                 predicted=predict_largest(fit, budget, MARGIN), verified=False,
-                                verified_peak=None)
+                                verified_peak=None, left_by_probes=left_by_probes)
+        missed: list[str] = []
+        if left_by_probes > budget * MARGIN:
+            missed.append(
+                f"the probes left {format_bytes(left_by_probes)} that emptying the cache could "
+                f"not free (something outside the rung keeps their tensors): the verification "
+                f"had that much less room than a fresh process")
         # A batch that runs out of memory on verification, or peaks over a budget smaller than
         # the GPU (one passed in), gets one retry at a wider margin.
         fallback = predict_largest(fit, budget, FALLBACK_MARGIN)
-        missed: list[str] = []
         for attempt in dict.fromkeys((record.predicted, fallback)):
             if not attempt:
                 break
             record.predicted = attempt
             try:
-                record.verified_peak = self._peak(model, optimizer, dev, precision, attempt)
+                record.verified_peak = self._fresh_peak(dev, precision, attempt)
             except torch.OutOfMemoryError:
-                optimizer.zero_grad(set_to_none=True)
                 missed.append(f"batch {attempt} ran out of memory on verification")
                 continue
             record.verified = record.verified_peak <= budget
@@ -255,9 +259,37 @@ class Ladder:
                           f"over the budget of {format_bytes(budget)}")
         record.note = "; ".join(missed)
         self.results.headroom.append(record)
-        del model, optimizer
         _release(torch, dev)
         return record
+
+    def _probes(self, device: Any, precision: str, start_batch: int,
+                budget: int) -> list[tuple[int, int]]:
+        """The probes, on one model and optimizer that are gone when this returns (nothing here
+        outlives the call: the model, the optimizer and the partial that holds them)."""
+        torch = _torch()
+        model, optimizer = self._fresh(device)
+        # One step first, so optimizer state and workspaces exist in every probe's baseline.
+        self._run_steps(model, optimizer, device, precision, self.spec.batches(start_batch), 1)
+        peak_of = functools.partial(self._peak, model, optimizer, device, precision)
+        return take_probes(start_batch, peak_of(start_batch), _settled_allocated(torch, device),
+                           budget, peak_of)
+
+    def _fresh_peak(self, device: Any, precision: str, batch: int) -> int:
+        """Peak allocated bytes over two steps at ``batch`` of a new model and optimizer, in an
+        allocator emptied first: what a fresh process at that batch would need.
+
+        The probes' optimizer state was made at their first batch size, among the segments of
+        that step; left alive, it pins those segments after ``empty_cache()``, and their free
+        pieces are the wrong sizes for another batch's blocks. A batch that fits a fresh process
+        then runs out of memory here. The cache is emptied *before* the model is made, or its
+        parameters would land in the segments the probes cached and pin them in turn."""
+        torch = _torch()
+        _release(torch, device)
+        model, optimizer = self._fresh(device)
+        try:
+            return self._peak(model, optimizer, device, precision, batch)
+        finally:
+            del model, optimizer  # an out-of-memory error's traceback keeps this frame
 
     def _peak(self, model: Any, optimizer: Any, device: Any, precision: str, batch: int) -> int:
         torch = _torch()
@@ -295,6 +327,13 @@ def _release(torch: Any, device: Any) -> None:
 def _settled_allocated(torch: Any, device: Any) -> int:
     _release(torch, device)
     return int(torch.cuda.memory_allocated(device))
+
+
+def _settled_reserved(torch: Any, device: Any) -> int:
+    """What the allocator holds once the unreachable is collected and its cache emptied: the
+    live tensors and the segments they pin."""
+    _release(torch, device)
+    return int(torch.cuda.memory_reserved(device))
 
 
 def memory_budget(device: Any) -> int:
