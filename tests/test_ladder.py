@@ -7,11 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from pytest_gputrain.ladder.headroom import (
     MARGIN,
+    StepPeaks,
     fit_line,
     fit_upper_line,
+    predict,
     predict_largest,
     probes_below,
     take_probes,
@@ -48,10 +51,16 @@ def test_no_growth_means_no_prediction() -> None:
         fit_line([(8, 100), (8, 120)])
 
 
-def _planned(peak_of: Callable[[int], int], first: int, fixed: int, budget: int
-             ) -> list[tuple[int, int]]:
-    """The probes the ladder takes against a memory model ``peak_of(batch)``."""
-    return take_probes(first, peak_of(first), fixed, budget, peak_of)
+def _planned(peak_of: Callable[[int], int], first: int, fixed: int, budget: int,
+             optimizer_peak: int | None = None) -> list[tuple[int, int]]:
+    """The probes the ladder takes against a memory model: ``peak_of(batch)`` outside the
+    optimizer's step, ``optimizer_peak`` inside it; (batch, whole peak) each."""
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(peak_of(batch), optimizer_peak)
+
+    probes = take_probes(first, peaks_of(first), fixed, budget, peaks_of)
+    return [(batch, peaks.whole) for batch, peaks in probes]
 
 
 def test_probes_climb_to_two_thirds_of_the_budget_and_no_further() -> None:
@@ -87,10 +96,83 @@ def test_prediction_from_the_upper_probes_reaches_097_of_a_convex_true_limit() -
 def test_a_first_batch_past_a_third_of_the_budget_probes_below_it() -> None:
     per_sample, fixed = 5_000_000, 1_000_000_000
     budget = fixed + 1200 * per_sample
-    assert probes_below(1000, fixed + 1000 * per_sample, fixed, budget) == [500, 250]
-    assert probes_below(32, fixed + 32 * per_sample, fixed, budget) == []
+    assert probes_below(1000, StepPeaks(fixed + 1000 * per_sample), fixed, budget) == [500, 250]
+    assert probes_below(32, StepPeaks(fixed + 32 * per_sample), fixed, budget) == []
     probes = _planned(lambda b: fixed + b * per_sample, 1000, fixed, budget)
     assert [b for b, _ in probes] == [1000, 500, 250]
+
+
+def test_an_update_above_the_forward_and_backward_of_small_batches_bounds_nothing() -> None:
+    """AdamW's update (parameters, gradients, two state tensors, its foreach temporaries) does
+    not grow with the batch, and on a model heavy in parameters it peaks above the forward and
+    backward of the first probes. Whole-step peaks are flat there: the probes stop early and
+    nothing is predicted. Each phase's own line finds the batch."""
+    fixed, budget, per_sample = 1_000_000_000, 12 * 2**30, 3_000_000
+    update = fixed + 2_500_000_000  # above the forward and backward up to batch 833
+
+    def outside(batch: int) -> int:
+        return fixed + per_sample * batch
+
+    whole = _planned(lambda b: max(outside(b), update), 32, fixed, budget)
+    assert [peak for _, peak in whole] == [update, update]  # flat: the probes stopped at two
+    assert predict_largest(fit_upper_line(whole), budget, MARGIN) is None
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(outside(batch), update)
+
+    probes = take_probes(32, peaks_of(32), fixed, budget, peaks_of)
+    assert len(probes) == 3
+    predicted = predict(probes, budget, MARGIN)
+    true_largest = (budget - fixed) // per_sample
+    assert predicted is not None and 0.97 <= predicted / true_largest <= 1.0
+
+
+def test_a_phase_that_grows_bounds_the_batch_whichever_it_is() -> None:
+    # An optimizer whose step runs the forward and backward itself (LBFGS's closure): the
+    # phase inside the step is the one that grows, and it decides.
+    fixed, budget = 1_000_000_000, 12 * 2**30
+    probes = [(b, StepPeaks(fixed + 1_000 * b, fixed + 10_000_000 * b)) for b in (32, 300, 700)]
+    assert predict(probes, budget, 0.0) == (budget - fixed) // 10_000_000
+    assert predict([(b, StepPeaks(fixed, fixed)) for b in (32, 64)], budget) is None
+
+
+def test_peaks_are_read_on_each_side_of_a_real_optimizers_step() -> None:
+    import torch
+
+    from pytest_gputrain.ladder.peaks import PeaksAroundOptimizerStep
+
+    memory = {"now": 100, "peak": 100}
+
+    def use(nbytes: int) -> None:  # what the allocator's peak would see
+        memory["peak"] = max(memory["peak"], nbytes)
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with PeaksAroundOptimizerStep(optimizer, read_peak=lambda: memory["peak"],
+                                  reset_peak=lambda: memory.update(peak=memory["now"])) as peaks:
+        # Hooks run in the order registered: this one runs inside the step, after the reset.
+        inside = optimizer.register_step_pre_hook(lambda *args: use(900))
+        for forward_and_backward in (500, 700):
+            use(forward_and_backward)
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        use(300)  # after the last update
+    assert peaks.result() == StepPeaks(outside=700, optimizer=900)
+    inside.remove()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert next(iter(optimizer.state.values()))["step"] == 2  # the steps really ran
+
+    class NoHooks:  # an optimizer-like object without step hooks
+        def step(self) -> None:
+            use(900)
+
+    memory.update(peak=100)
+    with PeaksAroundOptimizerStep(NoHooks(), read_peak=lambda: memory["peak"],
+                                  reset_peak=lambda: memory.update(peak=memory["now"])) as peaks:
+        use(500)
+        NoHooks().step()
+    assert peaks.result() == StepPeaks(outside=900, optimizer=None)
 
 
 def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) -> None:
@@ -298,16 +380,18 @@ class _ModelledAllocator:
     at its first step among that batch's segments. Placed at batch ``p``, they strand
     ``stranded`` bytes for a step at any other batch while they live: the free pieces of the
     segments they pin, the wrong sizes for that batch's blocks. (A fresh process at ``p`` has
-    the same pieces, and ``true_limit`` counts them.)"""
+    the same pieces, and ``true_limit`` counts them.) The optimizer's update peaks at
+    ``update_peak`` whatever the batch (None: below every forward and backward)."""
 
-    OutOfMemoryError = __import__("torch").OutOfMemoryError
+    OutOfMemoryError = torch.OutOfMemoryError
 
     def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
-                 fixed: int = 1_000_000_000) -> None:
+                 update_peak: int | None = None, fixed: int = 1_000_000_000) -> None:
         import weakref
 
         self.peak_of, self.true_limit, self.stranded, self.fixed = (peak_of, true_limit,
                                                                     stranded, fixed)
+        self.update_peak = update_peak
         self.placed: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
         self.cached_batch: int | None = None  # the batch whose segments the cache holds
         self.peak = fixed
@@ -323,6 +407,12 @@ class _ModelledAllocator:
         if self.peak_of(batch) + self.stranding(batch) > self.true_limit:
             raise self.OutOfMemoryError("CUDA out of memory (modelled)")
         self.peak = max(self.peak, self.peak_of(batch))
+
+    def update(self) -> None:
+        if self.update_peak is not None:
+            if self.update_peak > self.true_limit:
+                raise self.OutOfMemoryError("CUDA out of memory (modelled, in the update)")
+            self.peak = max(self.peak, self.update_peak)
 
     def stranding(self, batch: int | None) -> int:
         """Bytes that live tensors placed at another batch than ``batch`` strand."""
@@ -350,20 +440,32 @@ class _ModelledAllocator:
         return self.fixed + self.stranding(None)
 
 
+class _ModelledSGD(torch.optim.SGD):
+    """A real optimizer (its step hooks fire) whose step also takes the modelled update's
+    memory. Its ``step`` calls ``super().step()``, so the hooks fire nested, as they do for a
+    project's own subclass of an optimizer."""
+
+    def __init__(self, params: Any, allocator: _ModelledAllocator) -> None:
+        super().__init__(params, lr=0.1)
+        self.allocator = allocator
+
+    def step(self, closure: Any = None) -> Any:
+        self.allocator.update()
+        return super().step(closure)
+
+
 class _ModelledLadder:
     """A ladder whose steps run on a :class:`_ModelledAllocator` instead of a GPU. The project's
     model and optimizer are real (CPU) objects, so whether the rung keeps them alive is real."""
 
     def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
-                 keep_optimizers: bool = False) -> None:
-        self.allocator = _ModelledAllocator(peak_of, true_limit, stranded)
+                 update_peak: int | None = None, keep_optimizers: bool = False) -> None:
+        self.allocator = _ModelledAllocator(peak_of, true_limit, stranded, update_peak)
         # A project that keeps every optimizer it is handed (in a list, for its logs).
         self.kept: list[Any] | None = [] if keep_optimizers else None
 
     def optimizer(self, model: Any) -> Any:
-        import torch
-
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        optimizer = _ModelledSGD(model.parameters(), self.allocator)
         if self.kept is not None:
             self.kept.append(optimizer)
         return optimizer
@@ -371,8 +473,6 @@ class _ModelledLadder:
     def make(self, monkeypatch: pytest.MonkeyPatch) -> Any:
         import itertools
         from types import SimpleNamespace
-
-        import torch
 
         from pytest_gputrain.ladder import Ladder, LadderSpec, rungs
 
@@ -392,7 +492,8 @@ class _ModelledLadder:
             def _run_steps(self, model: Any, optimizer: Any, device: Any, precision: str,
                            batches: Any, steps: int) -> list[float]:
                 for _ in range(steps):
-                    allocator.step(optimizer, next(batches))
+                    allocator.step(optimizer, next(batches))  # the forward and backward
+                    optimizer.step()
                 return [1.0] * steps
 
         spec = LadderSpec(name="modelled", make_model=lambda: torch.nn.Linear(2, 2),
@@ -489,3 +590,28 @@ def test_what_a_project_keeps_of_the_probes_is_named_in_the_note(
                                   "cache could not free (something outside the rung keeps their "
                                   "tensors)")
     assert "ran out of memory on verification" in result.note and result.verified
+
+
+def test_the_rung_predicts_past_an_update_that_outweighs_the_first_probes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_gputrain.ladder.rungs import LadderResults
+    from pytest_gputrain.ladder.table import summary_lines
+    from pytest_gputrain.units import format_bytes
+
+    budget, per_sample = 12 * 2**30, 3_000_000
+    update = 3_500_000_000  # above the forward and backward up to batch 833
+
+    def peak_of(batch: int) -> int:
+        return 1_000_000_000 + per_sample * batch
+
+    true_limit = int(budget * 0.995)
+    modelled = _ModelledLadder(peak_of, true_limit, update_peak=update)
+    ladder = modelled.make(monkeypatch)
+    result = ladder.largest_batch("bf16", start_batch=32, budget=budget)
+    true_largest = max(b for b in range(1, 10_000) if peak_of(b) <= true_limit)
+    assert result.verified and not result.note, result.note
+    assert 0.97 <= result.predicted / true_largest <= 1.0
+    assert result.optimizer_peaks == [update] * 3
+    assert [peak for _, peak in result.probes] == [peak_of(b) for b, _ in result.probes]
+    line = summary_lines(LadderResults("modelled", headroom=[result]))[0]
+    assert f"], optimizer step up to {format_bytes(update)}, verified: peak" in line

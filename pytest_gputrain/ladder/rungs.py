@@ -24,10 +24,12 @@ from typing import Any
 from pytest_gputrain.ladder.headroom import (
     FALLBACK_MARGIN,
     MARGIN,
-    fit_upper_line,
-    predict_largest,
+    Probe,
+    StepPeaks,
+    predict,
     take_probes,
 )
+from pytest_gputrain.ladder.peaks import PeaksAroundOptimizerStep
 from pytest_gputrain.units import format_bytes
 
 Batch = Any  # whatever the project's step function takes
@@ -71,11 +73,14 @@ class RungRecord:
 class HeadroomRecord:
     precision: str
     budget: int
-    probes: list[tuple[int, int]]  # (batch size, peak allocated bytes)
+    # (batch size, peak allocated bytes outside optimizer.step: the forward and backward)
+    probes: list[tuple[int, int]]
     predicted: int | None
     verified: bool
-    verified_peak: int | None
+    verified_peak: int | None  # the whole step's
     note: str = ""
+    # Each probe's peak inside optimizer.step (None where the step never ran it).
+    optimizer_peaks: list[int | None] = field(default_factory=list)
     # Bytes the allocator still held, once the probes' model and optimizer were dropped and its
     # cache emptied, beyond what it held when the rung began (None: not measured).
     left_by_probes: int | None = None
@@ -230,10 +235,12 @@ class Ladder:
         held_before = _settled_reserved(torch, dev)
         probes = self._probes(dev, precision, start_batch, budget)
         left_by_probes = max(0, _settled_reserved(torch, dev) - held_before)
-        fit = fit_upper_line(probes)
-        record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
-                                predicted=predict_largest(fit, budget, MARGIN), verified=False,
-                                verified_peak=None, left_by_probes=left_by_probes)
+        record = HeadroomRecord(
+            precision=precision, budget=budget,
+            probes=[(batch, peaks.outside) for batch, peaks in probes],
+            optimizer_peaks=[peaks.optimizer for _, peaks in probes],
+            predicted=predict(probes, budget, MARGIN), verified=False, verified_peak=None,
+            left_by_probes=left_by_probes)
         missed: list[str] = []
         if left_by_probes > budget * MARGIN:
             missed.append(
@@ -242,13 +249,13 @@ class Ladder:
                 f"had that much less room than a fresh process")
         # A batch that runs out of memory on verification, or peaks over a budget smaller than
         # the GPU (one passed in), gets one retry at a wider margin.
-        fallback = predict_largest(fit, budget, FALLBACK_MARGIN)
+        fallback = predict(probes, budget, FALLBACK_MARGIN)
         for attempt in dict.fromkeys((record.predicted, fallback)):
             if not attempt:
                 break
             record.predicted = attempt
             try:
-                record.verified_peak = self._fresh_peak(dev, precision, attempt)
+                record.verified_peak = self._fresh_peaks(dev, precision, attempt).whole
             except torch.OutOfMemoryError:
                 missed.append(f"batch {attempt} ran out of memory on verification")
                 continue
@@ -263,18 +270,18 @@ class Ladder:
         return record
 
     def _probes(self, device: Any, precision: str, start_batch: int,
-                budget: int) -> list[tuple[int, int]]:
+                budget: int) -> list[Probe]:
         """The probes, on one model and optimizer that are gone when this returns (nothing here
         outlives the call: the model, the optimizer and the partial that holds them)."""
         torch = _torch()
         model, optimizer = self._fresh(device)
         # One step first, so optimizer state and workspaces exist in every probe's baseline.
         self._run_steps(model, optimizer, device, precision, self.spec.batches(start_batch), 1)
-        peak_of = functools.partial(self._peak, model, optimizer, device, precision)
-        return take_probes(start_batch, peak_of(start_batch), _settled_allocated(torch, device),
-                           budget, peak_of)
+        peaks_of = functools.partial(self._peaks, model, optimizer, device, precision)
+        return take_probes(start_batch, peaks_of(start_batch),
+                           _settled_allocated(torch, device), budget, peaks_of)
 
-    def _fresh_peak(self, device: Any, precision: str, batch: int) -> int:
+    def _fresh_peaks(self, device: Any, precision: str, batch: int) -> StepPeaks:
         """Peak allocated bytes over two steps at ``batch`` of a new model and optimizer, in an
         allocator emptied first: what a fresh process at that batch would need.
 
@@ -287,20 +294,24 @@ class Ladder:
         _release(torch, device)
         model, optimizer = self._fresh(device)
         try:
-            return self._peak(model, optimizer, device, precision, batch)
+            return self._peaks(model, optimizer, device, precision, batch)
         finally:
             del model, optimizer  # an out-of-memory error's traceback keeps this frame
 
-    def _peak(self, model: Any, optimizer: Any, device: Any, precision: str, batch: int) -> int:
+    def _peaks(self, model: Any, optimizer: Any, device: Any, precision: str,
+               batch: int) -> StepPeaks:
+        """Two steps at ``batch``; their peaks outside and inside ``optimizer.step``."""
         torch = _torch()
         batches = self.spec.batches(batch)
         _release(torch, device)
-        torch.cuda.reset_peak_memory_stats(device)
-        self._run_steps(model, optimizer, device, precision, batches, 2)
-        torch.cuda.synchronize(device)
         # Peak *allocated*, not reserved: near the budget the caching allocator frees its cache
         # and retries, so what must fit is the live memory (reserved overstates it by ~50 %).
-        return int(torch.cuda.max_memory_allocated(device))
+        with PeaksAroundOptimizerStep(
+                optimizer, read_peak=lambda: int(torch.cuda.max_memory_allocated(device)),
+                reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device)) as peaks:
+            self._run_steps(model, optimizer, device, precision, batches, 2)
+            torch.cuda.synchronize(device)
+        return peaks.result()
 
 
 def _detached(value: Any) -> Any:
