@@ -566,7 +566,16 @@ def run_case(case: Case, budget: int, width: int, device: str, memory: GpuMemory
         notes.append(str(error))
         results.update(case.name, status="cut short" if isinstance(error, Stopped) else "failed",
                        notes=notes)
-    print(results.write_markdown(), flush=True)
+    results.write_markdown()
+    print(summary_line(case.name, results.data["cases"][case.name]), flush=True)
+
+
+def summary_line(name: str, entry: dict[str, Any]) -> str:
+    ratio = entry.get("ratio")
+    return (f"{name}: predicted {entry.get('prediction', {}).get('predicted', '–')}, true "
+            f"largest {entry.get('true_largest', '–')}, ratio "
+            f"{'–' if ratio is None else f'{ratio:.3f}'}, ladder OOMs "
+            f"{entry.get('ladder_ooms', '–')}: {verdict(entry)}")
 
 
 # -- the command --------------------------------------------------------------------------------

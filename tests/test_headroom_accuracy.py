@@ -149,3 +149,5 @@ def test_cpu_smoke_run(tmp_path: Path) -> None:
     table = out.with_suffix(".md").read_text()
     assert "SMOKE RUN: memory modelled, not measured." in table
     assert "| smoke-adamw |" in table and table in completed.stdout
+    assert "smoke-adamw: predicted 294, true largest 300, ratio 0.980, ladder OOMs 0: ok" in (
+        completed.stdout)
