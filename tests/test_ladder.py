@@ -127,6 +127,27 @@ def test_an_update_above_the_forward_and_backward_of_small_batches_bounds_nothin
     assert predicted is not None and 0.97 <= predicted / true_largest <= 1.0
 
 
+def test_probes_climb_past_batches_where_the_gradients_outweigh_the_activations() -> None:
+    """A 67M-parameter MLP on 4096-wide vectors: up to batch 2700 the gradients (270 MB), not
+    the activations (100 kB a sample), make the forward and backward's peak. The line through
+    two such probes understated the cost per sample 12 times and put the third probe at 6.4
+    times the budget. Bounded by what the largest probe alone says, the probes climb until the
+    peak grows with the batch, and stay under the budget."""
+    fixed, budget = 800_000_000, 4 * 2**30
+    gradients, activations, tail = 270_000_000, 100_000, 8_000
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(fixed + max(activations * batch, gradients + tail * batch),
+                         fixed + 2 * gradients)
+
+    probes = take_probes(32, peaks_of(32), fixed, budget, peaks_of)
+    assert all(peaks.whole < 0.75 * budget for _, peaks in probes), probes
+    assert 3 < len(probes) <= 6
+    predicted = predict(probes, budget, MARGIN)
+    true_largest = max(b for b in range(1, 100_000) if peaks_of(b).whole <= budget)
+    assert predicted is not None and 0.97 <= predicted / true_largest <= 1.0
+
+
 def test_a_phase_that_grows_bounds_the_batch_whichever_it_is() -> None:
     # An optimizer whose step runs the forward and backward itself (LBFGS's closure): the
     # phase inside the step is the one that grows, and it decides.

@@ -9,6 +9,9 @@ Where the probes go decides how far the line is extrapolated. The second probe s
 of the reachable batch, estimated from the first probe alone; the third at two thirds, estimated
 from the line through the first two, so the last stretch to the budget is short and the slope
 is measured at the batch sizes that matter (small batches pick other kernels and workspaces).
+Where the two largest probes are still flat (gradients or workspaces, not activations, make
+their peak), more probes climb, up to six, each no further than a bound set by the largest
+probe alone.
 
 A step has two phases, and each gets its own line. Outside ``optimizer.step`` (the forward and
 the backward) memory grows with the batch. Inside it (parameters, gradients, the optimizer's
@@ -36,6 +39,14 @@ MARGIN = 0.02
 # If the batch predicted with MARGIN runs out of memory on verification, the ladder retries
 # once at the batch this wider margin gives.
 FALLBACK_MARGIN = 0.06
+# Past the three planned probes, more (up to MAX_PROBES) while the two largest are still flat:
+# their peak above what was held grew by less than FLAT times the share their batch grew by.
+# Activations grow in proportion with the batch (1.0); gradients and workspaces do not (0.0).
+MAX_PROBES = 6
+FLAT = 0.5
+# How much further than the largest probe alone says (its bytes above what was held, per
+# sample: an overstated cost) a line through two probes may place the next one.
+BEYOND_ALONE = 4.0
 
 
 @dataclass(frozen=True)
@@ -105,24 +116,42 @@ def reachable_batch(probes: Sequence[Probe], fixed: int, budget: int) -> float:
 
     One probe: its bytes above ``fixed`` (what was held before the step) over its batch, a cost
     per sample that overstates (the step's workspaces and the update count as per-sample), so
-    the estimate errs low. Two or more: the least batch at which a phase's line meets it."""
+    the estimate errs low. Two or more: the least batch at which a phase's line meets it, and
+    no further than BEYOND_ALONE times what the largest probe alone says. On a model whose
+    gradients outweigh the activations of small batches, the forward and backward's peak is
+    flat there (the gradients make it), and a line through two such probes understates the cost
+    per sample many times: the next probe would land far past the budget."""
+    batch, peaks = max(probes, key=lambda probe: probe[0])
+    per_sample = max(1.0, (peaks.whole - fixed) / max(batch, 1))
+    alone = max(float(batch), (budget - fixed) / per_sample)
     if len(probes) == 1:
-        batch, peaks = probes[0]
-        per_sample = max(1.0, (peaks.whole - fixed) / max(batch, 1))
-        return max(float(batch), (budget - fixed) / per_sample)
+        return alone
     reach = [(budget - fit.intercept) / fit.per_sample
              for fit in phase_lines(probes) if fit.per_sample > 0]
-    return min(reach, default=float(max(batch for batch, _ in probes)))
+    return min([*reach, BEYOND_ALONE * alone]) if reach else float(batch)
+
+
+def still_flat(probes: Sequence[Probe], fixed: int) -> bool:
+    """Whether the two largest probes' peaks outside the update grew much less than in
+    proportion with their batch: gradients or workspaces, not activations, still make them, and
+    the line through them would understate the cost per sample."""
+    (low, low_peaks), (high, high_peaks) = sorted(probes, key=lambda probe: probe[0])[-2:]
+    above = low_peaks.outside - fixed
+    if above <= 0 or high <= low:
+        return False
+    return (high_peaks.outside - low_peaks.outside) / above < FLAT * (high - low) / low
 
 
 def next_probe(probes: Sequence[Probe], fixed: int, budget: int) -> int | None:
-    """The next probe's batch size, or None when the probes are done (three taken, or the line
-    says the next would come too close to the budget)."""
+    """The next probe's batch size, or None when the probes are done (three taken and the two
+    largest not flat, or six taken, or the line says the next would come too close to the
+    budget)."""
     taken = len(probes)
-    if taken > len(PROBE_SHARES):
+    if taken >= MAX_PROBES or (taken > len(PROBE_SHARES) and not still_flat(probes, fixed)):
         return None
     largest = max(b for b, _ in probes)
-    batch = int(reachable_batch(probes, fixed, budget) * PROBE_SHARES[taken - 1])
+    share = PROBE_SHARES[min(taken, len(PROBE_SHARES)) - 1]
+    batch = int(reachable_batch(probes, fixed, budget) * share)
     if batch <= largest:
         return None
     return batch

@@ -227,8 +227,9 @@ class Ladder:
 
     def largest_batch(self, precision: str = "fp32", start_batch: int = 32,
                       budget: int | None = None, device: str = "cuda") -> HeadroomRecord:
-        """Predict the largest batch that fits the real budget from three probes, then verify it
-        with one run. ``budget`` defaults to what this process may really use (memory_budget())."""
+        """Predict the largest batch that fits the real budget from three probes (up to six
+        where small batches' peaks are flat), then verify it with one run of a new model.
+        ``budget`` defaults to what this process may really use (memory_budget())."""
         torch = _torch()
         dev = self._device(device)
         budget = budget if budget is not None else memory_budget(dev)
