@@ -58,12 +58,15 @@ def summary_lines(results: LadderResults) -> list[str]:
             lines.append(f"{precision} vs fp32 at batch {batch}: {change:.2f}× the speed{accuracy}")
     for item in results.headroom:
         probes = ", ".join(f"{b} ({format_bytes(p)})" for b, p in item.probes)
+        inside = [peak for peak in item.optimizer_peaks if peak is not None]
+        update = f", optimizer step up to {format_bytes(max(inside))}" if inside else ""
         note = f"{'; ' if item.verified else ': '}{item.note}" if item.note else ""
         verdict = (f"verified: peak {format_bytes(item.verified_peak)}{note}" if item.verified
                    else f"NOT verified{note}")
         lines.append(
             f"largest batch that fits ({item.precision}, budget {format_bytes(item.budget)}): "
-            f"{item.predicted} — predicted from {len(item.probes)} probes [{probes}], {verdict}"
+            f"{item.predicted} — predicted from {len(item.probes)} probes [{probes}]{update}, "
+            f"{verdict}"
         )
     return lines
 
