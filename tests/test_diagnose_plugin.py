@@ -23,12 +23,24 @@ def test_empty_folder_on_a_machine_without_gpu_exits_0_and_explains(
     result = pytester.runpytest("--gpu-diagnose")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "gputrain: no NVIDIA GPU visible: the NVIDIA driver is not installed*",
+        "gputrain: no NVIDIA GPU visible: see GT001 in the diagnosis below",
         "gputrain: torch * (CPU-only build)",
         "*= gputrain diagnosis =*",
         "WARNING GT001 no-nvidia-driver: *",
         "    where: session",
+        "    No NVIDIA GPU can be used here: the NVIDIA driver is not installed*",
     ])
+
+
+def test_the_header_says_why_there_is_no_gpu_where_no_finding_does(
+    pytester: pytest.Pytester, use_facts: Callable[..., Any]
+) -> None:
+    use_facts("cpu_laptop")
+    result = pytester.runpytest("--gpu-diagnose", "--gpu-ignore=GT001")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["gputrain: no NVIDIA GPU visible: the NVIDIA driver is not "
+                                 "installed*"])
+    assert "GT001" not in result.stdout.str()
 
 
 def test_real_machine_diagnosis_never_crashes(pytester: pytest.Pytester) -> None:
