@@ -75,8 +75,22 @@ def _engine(args: argparse.Namespace, every_rule: bool = False) -> RuleEngine:
                               params=args.rule_param or ini["gpu_rule_param"],
                               rules_dirs=rules_dirs, base_dir=base)
         return RuleEngine.load(config)
-    except (RuleFileError, SettingError) as exc:
+    except RuleFileError as exc:
         raise CliError(str(exc)) from None
+    except SettingError as exc:
+        raise CliError(f"{_given_as(args, exc.setting)}: {exc.problem}") from None
+
+
+def _given_as(args: argparse.Namespace, setting: str) -> str:
+    """A rule setting as the user gave it: this command's option (``--select``), else its
+    ini name in the project's file."""
+    if " " in setting:  # two settings together: "gpu_select / gpu_ignore"
+        return setting
+    flag = "--" + setting.removeprefix("gpu_").replace("_", "-")
+    if getattr(args, flag[2:].replace("-", "_"), None):
+        return flag
+    ini_file = _project(args).ini_file
+    return f"{setting} in {ini_file.name}" if ini_file else setting
 
 
 def _fail_on(args: argparse.Namespace) -> str:

@@ -140,11 +140,12 @@ def test_json_and_markdown_reports(
     ("args", "message"),
     [
         (["--gpu-fail-on=sometimes"],
-         "*gpu_fail_on*'sometimes' is not a severity that fails the session; expected one of "
+         "*--gpu-fail-on*'sometimes' is not a severity that fails the session; expected one of "
          "error, warning*"),
-        (["--gpu-report=report.txt"], "*gpu_report*'report.txt' must end in .json, .md or .html*"),
-        (["--gpu-severity=GT016=fatal"], "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
-        (["--gpu-severity=GT999=error"], "*gpu_severity: no rule with code GT999*"),
+        (["--gpu-report=report.txt"],
+         "*--gpu-report*'report.txt' must end in .json, .md or .html*"),
+        (["--gpu-severity=GT016=fatal"], "*--gpu-severity*'GT016=fatal' must be CODE=LEVEL*"),
+        (["--gpu-severity=GT999=error"], "*--gpu-severity: no rule with code GT999*"),
         (["--gpu-rule-param=GT016.min_shm=lots"], "*GT016.min_shm='lots'*invalid size*"),
         (["--gpu-rule-param=GT016.nope=1"], "*GT016 has no parameter 'nope'*"),
         (["--gpu-rule-param=GT016.min_shm=" + "9" * 5000],
@@ -152,7 +153,7 @@ def test_json_and_markdown_reports(
         (["--gpu-rule-param=GT016.min_shm=1e400"], "*GT016.min_shm='1e400': invalid size*"),
         (["--gpu-rule-param=GT102.max_wait_percent=nan"],
          "*GT102.max_wait_percent='nan': not a finite number of at most 18 digits*"),
-        (["--gpu-select=G!"], "*gpu_select*'G!' is not a rule code*"),
+        (["--gpu-select=G!"], "*--gpu-select*'G!' is not a rule code*"),
         (["--gpu-rules-dir=missing"], "*missing: rule directory does not exist*"),
     ],
 )

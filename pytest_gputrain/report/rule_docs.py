@@ -115,8 +115,10 @@ def code_line(line: str, width: int) -> list[str]:
     if len(line) <= width:
         return [line]
     lead = line[:len(line) - len(line.lstrip())]
+    if len(lead) > width // 2:  # a comment aligned far right: brought back to the block's left
+        lead = CONTINUATION
     comment = _COMMENT.match(line)
-    if comment:
+    if comment and not comment.group(1).lstrip().startswith("#"):
         return [*wrap(comment.group(2), width, lead + "  ", first=lead),
                 *code_line(comment.group(1), width)]
     return wrap(line.strip(), width, lead + CONTINUATION, first=lead)
