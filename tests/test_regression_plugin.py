@@ -493,7 +493,8 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
                                        "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
     (["--gpu-regression=speed:5%"],
      "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
-    (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
+    (["--gpu-regression=step_time:500%"],
+     "*: --gpu-regression: '500%' in 'step_time:500%' is not a percentage from 0 to 100*"),
     (["--gpu-alpha=2"], "*: --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
     (["--gpu-step-summary=mean"], "*: --gpu-step-summary: 'mean' is not a "
@@ -502,7 +503,7 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
                                    "policy for 'cannot tell'; expected one of pass, warn, fail*"),
     (["--gpu-save=latest"], "*: --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
-     "*10 is below gpu_benchmark_min_rounds 50*"),
+     "*: --gpu-benchmark-max-rounds: 10 is below --gpu-benchmark-min-rounds 50*"),
     (["--gpu-benchmark-warmup=-1"], "*'-1' must lie between 0 and 10000*"),
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
     (["--gpu-store=mysql://db/x"], "*: --gpu-store: 'mysql':// is not a store*"
@@ -517,7 +518,7 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
     (["--gpu-benchmark-skip", "--gpu-compare=x"],
      "*: --gpu-benchmark-skip: measures nothing, so --gpu-compare would*"),
     (["--gpu-benchmark-skip", "--gpu-benchmark-disable"],
-     "*cannot be combined with gpu_benchmark_skip*"),
+     "*cannot be combined with --gpu-benchmark-skip*"),
     (["--gpu-save=x", "--gpu-store=postgresql://ci:pw@127.0.0.1:1/db?connect_timeout=3"],
      "*gpu_store: cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/db*"),
 ])
@@ -1232,7 +1233,7 @@ def test_benchmark_only_and_skip_contradict_each_other(pytester: pytest.Pytester
     result = pytester.runpytest("--gpu-benchmark-only", "--gpu-benchmark-skip")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*: --gpu-benchmark-only: cannot be "
-                                 "combined with gpu_benchmark_skip*"])
+                                 "combined with --gpu-benchmark-skip*"])
 
 
 # -- python -m pytest_gputrain compare, and the CI recipe ---------------------------------------

@@ -263,7 +263,7 @@ def test_bad_per_worker_value_is_a_usage_error(pytester: pytest.Pytester) -> Non
     result = pytester.runpytest("--gpu-per-worker=shared")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --gpu-per-worker: 'shared' is not a "
-                                 "whole number >= 1 (e.g. --gpu-per-worker=1; add --gpu-share*"])
+                                 "whole number >= 1 (e.g. 1; add --gpu-share*"])
 
 
 def test_without_xdist_the_option_does_nothing(pytester: pytest.Pytester,
