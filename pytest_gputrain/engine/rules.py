@@ -47,12 +47,15 @@ class RuleFileError(ValueError):
 def text_block(text: str) -> str:
     """A multi-line TOML string as a block: its blank first and last lines and each line's
     trailing spaces removed, the indentation kept: an indented line is code, which ``explain``
-    shows as written while it re-flows the prose (``report/rule_docs.py``)."""
+    shows as written while it re-flows the prose (``report/rule_docs.py``). A one-line value
+    is stripped unless indented as code (four spaces)."""
     lines = text.splitlines()
     while lines and not lines[0].strip():
         lines.pop(0)
     while lines and not lines[-1].strip():
         lines.pop()
+    if len(lines) == 1 and not lines[0].startswith("    "):
+        return lines[0].strip()
     return "\n".join(line.rstrip() for line in lines)
 
 
