@@ -489,35 +489,36 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu-regression=step_time=5"], "*gpu_regression / --gpu-regression: 'step_time=5'*"
+    (["--gpu-regression=step_time=5"], "*: --gpu-regression: 'step_time=5'*"
                                        "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
     (["--gpu-regression=speed:5%"],
      "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
-    (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
-    (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
+    (["--gpu-regression=step_time:500%"],
+     "*: --gpu-regression: '500%' in 'step_time:500%' is not a percentage from 0 to 100*"),
+    (["--gpu-alpha=2"], "*: --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
-    (["--gpu-step-summary=mean"], "*gpu_step_summary / --gpu-step-summary: 'mean' is not a "
+    (["--gpu-step-summary=mean"], "*: --gpu-step-summary: 'mean' is not a "
                                   "step summary; expected one of min, median*"),
-    (["--gpu-cannot-tell=ignore"], "*gpu_cannot_tell / --gpu-cannot-tell: 'ignore' is not a "
+    (["--gpu-cannot-tell=ignore"], "*: --gpu-cannot-tell: 'ignore' is not a "
                                    "policy for 'cannot tell'; expected one of pass, warn, fail*"),
-    (["--gpu-save=latest"], "*gpu_save / --gpu-save: 'latest' is reserved*"),
+    (["--gpu-save=latest"], "*: --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
-     "*10 is below gpu_benchmark_min_rounds 50*"),
+     "*: --gpu-benchmark-max-rounds: 10 is below --gpu-benchmark-min-rounds 50*"),
     (["--gpu-benchmark-warmup=-1"], "*'-1' must lie between 0 and 10000*"),
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
-    (["--gpu-store=mysql://db/x"], "*gpu_store / --gpu-store: 'mysql':// is not a store*"
+    (["--gpu-store=mysql://db/x"], "*: --gpu-store: 'mysql':// is not a store*"
                                    "postgresql://*"),
-    (["--gpu-store=postgresql://[::1"], "*gpu_store / --gpu-store: 'postgresql://[[]::1' is not "
+    (["--gpu-store=postgresql://[::1"], "*: --gpu-store: 'postgresql://[[]::1' is not "
                                         "a valid PostgreSQL URL (Invalid IPv6 URL); e.g. "
                                         "postgresql://*"),
     (["--gpu-store=postgresql://ci:s3cret@[::1/db"],
-     "*gpu_store / --gpu-store: 'postgresql://ci:***@[[]::1/db' is not a valid PostgreSQL URL*"),
+     "*: --gpu-store: 'postgresql://ci:***@[[]::1/db' is not a valid PostgreSQL URL*"),
     (["--gpu-benchmark-disable", "--gpu-save=x"],
-     "*gpu_benchmark_disable / --gpu-benchmark-disable: measures nothing, so gpu_save*"),
+     "*: --gpu-benchmark-disable: measures nothing, so --gpu-save would*"),
     (["--gpu-benchmark-skip", "--gpu-compare=x"],
-     "*gpu_benchmark_skip / --gpu-benchmark-skip: measures nothing, so gpu_compare*"),
+     "*: --gpu-benchmark-skip: measures nothing, so --gpu-compare would*"),
     (["--gpu-benchmark-skip", "--gpu-benchmark-disable"],
-     "*cannot be combined with gpu_benchmark_skip*"),
+     "*cannot be combined with --gpu-benchmark-skip*"),
     (["--gpu-save=x", "--gpu-store=postgresql://ci:pw@127.0.0.1:1/db?connect_timeout=3"],
      "*gpu_store: cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/db*"),
 ])
@@ -1231,8 +1232,8 @@ def test_benchmark_only_and_skip_contradict_each_other(pytester: pytest.Pytester
     pytester.makepyfile(test_untimed=UNTIMED_TESTS)
     result = pytester.runpytest("--gpu-benchmark-only", "--gpu-benchmark-skip")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*gpu_benchmark_only / --gpu-benchmark-only: cannot be "
-                                 "combined with gpu_benchmark_skip*"])
+    result.stderr.fnmatch_lines(["*: --gpu-benchmark-only: cannot be "
+                                 "combined with --gpu-benchmark-skip*"])
 
 
 # -- python -m pytest_gputrain compare, and the CI recipe ---------------------------------------

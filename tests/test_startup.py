@@ -116,4 +116,6 @@ def test_a_value_set_only_in_the_ini_file_is_still_checked(pytester: pytest.Pyte
     else:
         result = pytester.runpytest("--co", "-q", "-o", f"{ini}={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*{ini} / --*"])
+    # The setting named as it was given: in the ini file, or with -o.
+    named = f"{ini} in tox.ini" if how == "ini" else f"-o {ini}"
+    result.stderr.fnmatch_lines([f"*{named}: *"])

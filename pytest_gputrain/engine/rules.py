@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 import sys
-import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +45,17 @@ class RuleFileError(ValueError):
 
 
 def text_block(text: str) -> str:
-    """A multi-line TOML string as a block: its common indentation and its blank first and last
-    lines removed, every other line's indentation kept (a code example's first line included,
-    which ``str.strip`` would flatten)."""
-    lines = textwrap.dedent(text).splitlines()
+    """A multi-line TOML string as a block: its blank first and last lines and each line's
+    trailing spaces removed, the indentation kept: an indented line is code, which ``explain``
+    shows as written while it re-flows the prose (``report/rule_docs.py``). A one-line value
+    is stripped unless indented as code (four spaces)."""
+    lines = text.splitlines()
     while lines and not lines[0].strip():
         lines.pop(0)
     while lines and not lines[-1].strip():
         lines.pop()
+    if len(lines) == 1 and not lines[0].startswith("    "):
+        return lines[0].strip()
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -30,10 +30,23 @@ PACKAGES: Final = {
 # it is the one whose settings the user writes.
 PRECEDENCE: Final = ("transformers", "lightning", "accelerate")
 PLAIN: Final = "pytorch"  # no framework on the stack: the test's own loop
+# Each framework as a rule's documentation names it (``explain`` shows a fix's case for it as
+# "Under Lightning: ..."), and the facts that hold a framework's name.
+READER_NAMES: Final = {"lightning": "Lightning", "transformers": "the Hugging Face Trainer",
+                       "accelerate": "accelerate"}
+FRAMEWORK_FACTS: Final = ("run.framework", "run.sync.framework")
 # Frames of torch itself are passed over: a sync asked for inside torch (a clip_grad_norm_
 # that checks for non-finite norms) belongs to whoever called torch.
 _SKIPPED: Final = ("torch",)
 MAX_CALLER_FRAMES: Final = 8
+
+
+def case_label(subject: str, value: object) -> str | None:
+    """The label of a fix's case chosen by a framework fact (``engine.expr.CaseLabel``):
+    "Under the Hugging Face Trainer"; None for any other case."""
+    if subject in FRAMEWORK_FACTS and isinstance(value, str) and value in READER_NAMES:
+        return f"Under {READER_NAMES[value]}"
+    return None
 
 
 def package_framework(module: object) -> str | None:

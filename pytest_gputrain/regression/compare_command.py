@@ -166,8 +166,8 @@ def _settings(args: argparse.Namespace) -> GateSettings:
     except ValueError as exc:
         raise CompareError(f"--regression: {exc}") from None
     if not thresholds:
-        raise CompareError(f"--regression {args.regression!r} gates no metric; e.g. "
-                           f"{REGRESSION_EXAMPLE.replace('--gpu-regression', '--regression')}")
+        raise CompareError(f"--regression: {args.regression!r} gates no metric; e.g. "
+                           f"{REGRESSION_EXAMPLE}")
     try:
         alpha = parse_alpha(args.alpha)
     except ValueError as exc:
