@@ -76,7 +76,7 @@ def test_a_cpu_training_run_records_its_steps_on_the_test_s_clock() -> None:
     assert timeline.step_end == sorted(timeline.step_end)
     assert math.isclose(timeline.step_end[-1], sum(timeline.step_time), abs_tol=1e-3)
     assert len(timeline.loader_wait) == 4 and all(w >= 0 for w in timeline.loader_wait)
-    assert timeline.nvml_time == [] and "CPU run" in timeline.unknown["nvml_time"]
+    assert timeline.nvml_time == [] and "trained on cpu, not CUDA" in timeline.unknown["nvml_time"]
     assert timeline.window_start is None and timeline.memory_time == []
 
 

@@ -27,8 +27,9 @@ class TimelineFacts(FactGroup):
         default_factory=list, description="time blocked in the DataLoader before each kept step "
                                           "(s)")
     memory_time: list[float] = Field(
-        default_factory=list, description="s since the start of each allocator reading (the "
-                                          "end of the step it followed)")
+        default_factory=list, description="s since the start of each allocator reading: the "
+        "end of the step it followed, and the moment of each out-of-memory error (after the "
+        "test's start, 0, when it failed before its first step)")
     allocated: list[int] = Field(default_factory=list,
                                  description="bytes allocated at each reading")
     reserved: list[int] = Field(default_factory=list,
