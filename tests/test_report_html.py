@@ -80,6 +80,26 @@ def test_a_cpu_training_run_records_its_steps_on_the_test_s_clock() -> None:
     assert timeline.window_start is None and timeline.memory_time == []
 
 
+def test_the_timeline_keeps_the_steps_of_saves_and_syncs_for_the_findings_about_them(
+        tmp_path: Path) -> None:
+    """A checkpoint saved in the third step: its step is kept for the picture of GT140; each
+    kept step has its time inside syncs (none on the CPU)."""
+    probe = RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16)):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        if step == 2:
+            torch.save(model.state_dict(), tmp_path / "checkpoint.pt")
+        optimizer.step()
+    probe.stop()
+    timeline = probe.facts().timeline
+    assert timeline.save_steps == [3]
+    assert timeline.sync_wait == [0.0] * 4 and timeline.compile_steps == []
+
+
 def test_the_timeline_puts_every_reading_on_one_clock() -> None:
     timeline = report_cases.recorded_timeline(
         [0.5, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1], [0.0, 0.05] + [0.0] * 5,

@@ -50,6 +50,15 @@ class TimelineFacts(FactGroup):
     throttled: list[bool | None] = Field(
         default_factory=list, description="a hardware slowdown, thermal slowdown or power "
                                           "brake held the clocks at that sample")
+    sync_wait: list[float] = Field(
+        default_factory=list, description="time inside host-device syncs the code asked for "
+                                          "during each kept step (s)")
+    save_steps: list[int] = Field(
+        default_factory=list, description="1-based number of the step each checkpoint save fell "
+                                          "in (steps + 1: after the last step)")
+    compile_steps: list[int] = Field(
+        default_factory=list, description="1-based number of the step in which each "
+                                          "torch.compile compilation began")
     window_start: float | None = fact("s", "when the profiler window opened")
     window_end: float | None = fact("s", "when the profiler window closed")
     oom_times: list[float] = Field(default_factory=list,

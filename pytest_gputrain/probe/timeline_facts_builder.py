@@ -36,6 +36,13 @@ def timeline_facts(record: RunRecord, throttle_bits: int) -> TimelineFacts:
         timeline.step_number = [index + 1 for index in kept]
         timeline.step_time = [_r(t) for t in take(steps.times, kept)]
         timeline.loader_wait = [_r(t) for t in take(waits, kept)]
+        if len(steps.sync_waits) == len(ends):
+            timeline.sync_wait = [_r(t) for t in take(steps.sync_waits, kept)]
+    # Moments of the loop's own work, for the pictures of the findings about them.
+    timeline.save_steps = [index + 1 for index in steps.saves[:TIMELINE_POINTS]]
+    if record.compile.callback:
+        timeline.compile_steps = [index + 1 for index in
+                                  record.compile.compile_steps[:TIMELINE_POINTS]]
     _memory(timeline, record, ends)
     _window(timeline, record, ends)
     _nvml(timeline, record, throttle_bits)
