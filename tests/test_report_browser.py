@@ -141,7 +141,7 @@ def test_each_case_loads_offline_with_every_test_and_finding(open_case: Any, nam
         "details.test > summary > code", "codes => codes.map(c => c.textContent)")
     assert set(summaries) == nodeids
     rows = page.page.eval_on_selector_all(
-        "#summary-table tbody tr", "rows => rows.map(r => r.querySelector('code').textContent)")
+        "#summary-table tbody tr", "rows => rows.map(r => r.querySelector('a').textContent)")
     assert sorted(rows) == sorted(nodeids)  # the summary: one row per test
     shown = page.page.eval_on_selector_all(
         "details.test .finding", "items => items.map(i => i.dataset.code)")
@@ -170,7 +170,8 @@ def _test_id(page: Opened, part: str) -> str:
 def _draw(page: Opened, anchor: str) -> None:
     page.page.evaluate("id => { const d = document.getElementById(id); d.open = true; "
                        "d.scrollIntoView(); }", anchor)
-    page.page.wait_for_function("id => document.getElementById(id).dataset.drawn", arg=anchor)
+    page.page.wait_for_function("id => document.getElementById(id).dataset.lanesDrawn",
+                                arg=anchor)
 
 
 def test_the_headline_is_red_when_a_test_failed(open_case: Any) -> None:

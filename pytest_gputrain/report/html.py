@@ -14,6 +14,7 @@ plain pytest run.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from pytest_gputrain.facts import FactsFile
+from pytest_gputrain.findings import Evidence
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.page import SEVERITY_WORDS, build_page
 from pytest_gputrain.report.prose import linked, markdown_html
@@ -61,6 +63,25 @@ def _sort_key(value: float | None) -> str:
     return "-1" if value is None else f"{value:.5g}"
 
 
+def _evidence_lines(evidence: list[Evidence]) -> str:
+    """A finding's evidence, a fact a line: its name, padded, then its value (and why it is
+    unknown)."""
+    width = max((len(item.name) for item in evidence), default=0)
+    return "\n".join(f"{item.name.ljust(width)}  {item.display}"
+                     + (f" ({item.why_unknown})" if item.why_unknown else "")
+                     for item in evidence)
+
+
+_BETWEEN_TAGS = re.compile(r">[ \t]*\n\s*<")  # a line break between tags: layout only
+
+
+def _spaceless(text: str) -> str:
+    """Markup without the line breaks (and indents) between its tags: each would be a text
+    node of its own, and a page of hundreds of tests has tens of thousands. Spaces within a
+    line stay (they separate words); no <pre> of the page holds a tag."""
+    return _BETWEEN_TAGS.sub("><", text)
+
+
 def _percent(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f} %"
 
@@ -83,7 +104,8 @@ def _environment() -> jinja2.Environment:
     environment.policies["json.dumps_kwargs"] = {"sort_keys": True, "separators": (",", ":")}
     environment.filters.update(bytes=format_bytes, seconds=_seconds, value=_value,
                                percent=_percent, sortkey=_sort_key, markdown=markdown_html,
-                               linked=linked)
+                               linked=linked, evidence_lines=_evidence_lines,
+                               spaceless=_spaceless)
     return environment
 
 

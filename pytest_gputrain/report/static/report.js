@@ -141,25 +141,37 @@
     this.key = key;
     this.pointer = null;
     this.readout = holder.parentNode.querySelector(".readout");
-    var self = this;
-    var lanes = timeline.lanes;
-    lanes.forEach(function (lane) {  // a table on a shared time axis names it
+    this.holder = holder;
+    timeline.lanes.forEach(function (lane) {  // a table on a shared time axis names it
       (lane.tables || []).forEach(function (table) {
         if (typeof table.x === "string") table.x = timeline.x[table.x];
       });
     });
-    lanes.forEach(function (lane, index) {
-      var element = document.createElement("figure");
-      element.className = "lane";
-      element.dataset.lane = lane.id;
-      holder.appendChild(element);
-      var plot = lane.kind === "bars" ? self.bars(element, lane, index === lanes.length - 1)
-                                      : self.lines(element, lane, index === lanes.length - 1);
-      self.plots.push(plot);
-      self.lanes.push({lane: lane, element: element, plot: plot});
-      drawn.push(plot);
-    });
+    this.pending = timeline.lanes.map(function (lane, index) { return index; });
   }
+
+  // One lane drawn: a lane per task keeps every task short while a page scrolls.
+  Stack.prototype.buildNext = function () {
+    var index = this.pending.shift();
+    if (index == null) return false;
+    var lanes = this.timeline.lanes, lane = lanes[index];
+    var element = document.createElement("figure");
+    element.className = "lane";
+    element.dataset.lane = lane.id;
+    this.holder.appendChild(element);
+    var plot = lane.kind === "bars" ? this.bars(element, lane, index === lanes.length - 1)
+                                    : this.lines(element, lane, index === lanes.length - 1);
+    this.plots.push(plot);
+    this.lanes.push({lane: lane, element: element, plot: plot});
+    drawn.push(plot);
+    this.listen(plot);
+    if (!this.pending.length) this.details.dataset.lanesDrawn = String(this.plots.length);
+    return this.pending.length > 0;
+  };
+
+  Stack.prototype.finish = function () {
+    while (this.buildNext()) { /* the rest, now */ }
+  };
 
   Stack.prototype.head = function (element, lane, keys) {
     var head = document.createElement("figcaption");
@@ -473,9 +485,9 @@
     }
   };
 
-  Stack.prototype.listen = function () {
+  Stack.prototype.listen = function (plot) {
     var self = this;
-    this.plots.forEach(function (plot) {
+    (function () {
       var over = plot.over;
       // Captured on the lane, before uPlot's own listener moves the cursor and reads it.
       plot.root.addEventListener("mousemove", function (e) {
@@ -493,7 +505,7 @@
       }
       over.addEventListener("touchstart", touch, {passive: true});
       over.addEventListener("touchmove", touch, {passive: true});
-    });
+    })();
   };
 
   Stack.prototype.zoom = function (range) {
@@ -680,8 +692,13 @@
 
   var PALETTE = ["--s1", "--s2", "--s3", "--s4"].map(css);
 
-  function drawTest(details) {
-    if (details.dataset.drawn) return;
+  var laneQueue = [];  // stacks whose lanes are drawn a lane per task
+
+  function drawTest(details, deferred) {
+    if (details.dataset.drawn) {
+      if (!deferred && stacks[details.id]) stacks[details.id].finish();
+      return;
+    }
     var entry = DATA.tests[details.id];
     details.dataset.drawn = "1";
     if (!entry) return;
@@ -700,8 +717,8 @@
       }
       box.insertBefore(controls(), box.firstChild);
       var stack = new Stack(details, holder, timeline, entry.moments, key);
-      stack.listen();
       stacks[details.id] = stack;
+      if (deferred) laneQueue.push(stack); else stack.finish();
       box.querySelectorAll(".chart-controls button").forEach(function (button) {
         button.addEventListener("click", function () { stack.step(button.dataset.zoom); });
       });
@@ -734,18 +751,23 @@
   var queue = [];
   var pumping = false;
 
-  function pump() {  // one test per task: scrolling never waits for a batch of charts
+  function pump() {  // one lane per task: scrolling never waits for a batch of charts
+    if (laneQueue.length) {
+      if (!laneQueue[0].buildNext()) laneQueue.shift();
+      setTimeout(pump, 0);
+      return;
+    }
     var details = queue.shift();
-    window.gputrain.drawQueue = queue.length;
+    window.gputrain.drawQueue = queue.length + laneQueue.length;
     if (!details) { pumping = false; return; }
-    if (details.open && !details.hidden) drawTest(details);
+    if (details.open && !details.hidden) drawTest(details, true);
     setTimeout(pump, 0);
   }
 
   function later(details) {
     if (details.dataset.drawn || queue.indexOf(details) >= 0) return;
     queue.push(details);
-    window.gputrain.drawQueue = queue.length;
+    window.gputrain.drawQueue = queue.length + laneQueue.length;
     if (!pumping) { pumping = true; setTimeout(pump, 0); }
   }
 
@@ -937,5 +959,6 @@
   window.gputrain.drawOpen = function () {  // every open test now (screenshots, tests)
     allTests.forEach(function (details) { if (details.open && !details.hidden) drawTest(details); });
   };
+  window.gputrain.readyAt = performance.now();
   window.gputrain.ready = true;
 })();
