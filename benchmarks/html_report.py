@@ -16,7 +16,8 @@ open). Measured in Chromium (the distribution's, through Playwright, as the brow
 - scrolling with everything open: "Expand all", then the page scrolled a screen at a time,
   every 50 ms, ``--screens`` screens, while the timelines draw; the longest task (Long Tasks
   API) and how many took over 200 ms;
-- printing: every test opened and the timelines drawn that printing draws, then the page
+- printing: the page as it opens (the tests with a warning open, the others closed), the
+  timelines drawn that printing draws (those of the first 40 open tests), then the page
   printed to PDF (A4), timed end to end;
 - with ``--points``: uPlot drawing three series of that many points, beside Chart.js when
   ``--chartjs`` names its ``chart.umd.js`` (``npm pack chart.js``).
@@ -190,7 +191,7 @@ def main() -> None:
         page.evaluate("window.gputrain.beforePrint()")
         pdf = page.pdf(format="A4")
         printed = time.perf_counter() - started
-        print(f"printed to PDF (A4, every test open) in {printed:.1f} s (goal <= 10; "
+        print(f"printed to PDF (A4, as it opens) in {printed:.1f} s (goal <= 10; "
               f"{chromium_cpu() - before:.1f} s of Chromium's CPU): {len(pdf) / 1e6:.1f} MB")
         page.close()
 

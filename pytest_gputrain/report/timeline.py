@@ -264,16 +264,16 @@ def _memory(r: _Run, limit: int) -> Lane | None:
                "the device's memory less other processes'")
         lines.append({"label": f"budget {format_bytes(budget)} ({why})", "value": shown(budget),
                       "style": "limit"})
-    if total and total <= top * scale and not (budget and budget >= total * 0.999):
+    if total and total <= top and not (budget and budget >= total * 0.999):
         lines.append({"label": f"device memory {format_bytes(total)}", "value": shown(total),
                       "style": "device"})
     elif total and (failure is not None or near) and not (budget and budget >= total * 0.999):
         notes.append(f"device memory {format_bytes(total)}: above the top")
     if others and total and (failure is not None or near):
         low = max(0.0, float(total) - float(others))
-        if low < top * scale:
+        if low < top:
             bands.append({"label": f"other processes held {format_bytes(others)}",
-                          "from": shown(low), "to": shown(min(float(total), top * scale))})
+                          "from": shown(low), "to": shown(min(float(total), top))})
     lane: Lane = {"id": "memory", "title": "Memory", "unit": unit, "range": [0, shown(top)],
                   "tables": drawn, "lines": lines, "bands": bands, "note": "; ".join(notes)}
     if failure is not None and failed_at is not None and requested:

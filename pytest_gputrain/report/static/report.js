@@ -388,7 +388,10 @@
     var top = lane.range[1], box = u.bbox, clipped = [];
     var lo = this.range[0], hi = this.range[1];
     for (var i = 0; i < lane.x.length; i++) {
-      var end = lane.x[i], start = end - lane.width[i];
+      // A kept step stands for the steps thinned away before it: its bar starts where the
+      // kept step before it ended.
+      var end = lane.x[i], start = i > 0 ? Math.min(lane.x[i - 1], end - lane.width[i])
+                                         : end - lane.width[i];
       if (end < lo || start > hi) continue;
       var a = xpos(u, start), b = xpos(u, end);
       var w = Math.max(devicePixelRatio, b - a - (b - a > 4 * devicePixelRatio ? devicePixelRatio : 0));
@@ -939,10 +942,10 @@
 
   var PRINT_WIDTH = 680;  // CSS px of an A4 or Letter page's text column
   function beforePrint() {
-    var budget = PRINT_DRAW_MAX;
+    var budget = PRINT_DRAW_MAX;  // the paper shows the page as it is: open tests whole
     allTests.forEach(function (details) {
-      if (details.hidden) return;
-      details.open = true;  // the paper shows every test the filters show
+      if (details.hidden || !details.open) return;
+      if (stacks[details.id]) stacks[details.id].finish();
       if (!details.dataset.drawn && DATA.tests[details.id]) {
         if (budget > 0) { drawTest(details); budget -= 1; }
         else details.querySelectorAll(".charts").forEach(function (c) { c.classList.add("chart-unprinted"); });
