@@ -100,7 +100,10 @@ def test_the_wheel_ships_the_rules_the_html_report_s_and_the_history_site_s_file
     report = "pytest_gputrain/report/"
     assert {report + "templates/report.html.j2", report + "static/uPlot.iife.min.js",
             report + "static/uPlot.min.css", report + "static/uPlot.LICENSE",
-            report + "static/report.js", report + "static/report.css"} <= names
+            report + "static/report.js", report + "static/report.css",
+            report + "templates/macros.html.j2", report + "templates/regression.html.j2",
+            report + "static/tablesort.min.js", report + "static/tablesort.number.min.js",
+            report + "static/tablesort.LICENSE"} <= names
     history = "pytest_gputrain/regression/"
     assert {history + "templates/history_head.html.j2", history + "templates/history_index.html.j2",
             history + "templates/history_test.html.j2", history + "static/history.js"} <= names

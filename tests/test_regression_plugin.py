@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -176,6 +177,13 @@ def test_the_gate_is_a_section_of_the_diagnosis_reports(
     assert 0.07 < train["change"] < 0.13 and train["p_value"] < 0.01
     assert train["baseline"]["sessions"] == 3 and train["current"]["sessions"] == 1
     assert train["baseline"]["value"] < train["current"]["value"]
+    # Each compared test's rounds, for the HTML report's steps lane: every baseline session's
+    # and this session's, in seconds.
+    steps = section["steps"]["test_steps.py::test_train"]
+    assert steps["metric"] == "step_time" and len(steps["baseline"]) == 3
+    rounds = {len(r) for r in steps["baseline"]} | {len(steps["current"])}
+    assert len(rounds) == 1 and rounds.pop() >= 10  # every session timed as many rounds
+    assert statistics.median(steps["current"]) > statistics.median(steps["baseline"][0])
     markdown = (project.path / "report.md").read_text()
     assert "### benchmarks\n\n**Regression** :x:" in markdown
     assert "| test_steps.py::test_train" in markdown and "#### Benchmarks" in markdown

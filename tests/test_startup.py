@@ -57,7 +57,8 @@ _pytest.config.PytestPluginManager.load_setuptools_entrypoints = _counted
 def pytest_sessionfinish(session):
     modules = {name: os.path.getsize(module.__file__) for name, module in sys.modules.items()
                if name.startswith("pytest_gputrain") and getattr(module, "__file__", None)}
-    heavy = [name for name in ("torch", "pydantic", "jinja2") if name in sys.modules]
+    heavy = [name for name in ("torch", "pydantic", "jinja2", "markdown_it")
+             if name in sys.modules]
     with open(os.environ["STARTUP_REPORT"], "w") as out:
         json.dump({"modules": modules, "entry_point_scans": calls, "heavy": heavy}, out)
 '''

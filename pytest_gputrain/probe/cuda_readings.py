@@ -231,10 +231,15 @@ class CallReadings:
 
     def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:
-        on the failing thread, before the test's ``finally:`` blocks run. Reads NVML only."""
+        on the failing thread, before the test's ``finally:`` blocks run. Reads the allocator's
+        bytes (its lock is released before the observers are called) and NVML's processes."""
         record = self.record
         moment = OomMoment(t=time.perf_counter(), step=len(record.steps.times),
                            device_index=device, requested=requested, limit=limit, free=free)
+        try:
+            moment.allocated, moment.reserved = memory_reader(self.torch, device)()
+        except Exception as exc:
+            record.errors.append(f"the allocator at the out-of-memory error: {exc}")
         try:
             from pytest_gputrain.collect import nvml
             from pytest_gputrain.probe.failures import read_other_processes

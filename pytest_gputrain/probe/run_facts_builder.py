@@ -45,11 +45,10 @@ from pytest_gputrain.probe.memory_facts_builder import memory_facts
 from pytest_gputrain.probe.run_record import (
     Forwards,
     ModuleState,
-    NvmlTimeline,
     RunRecord,
     StepFlag,
 )
-from pytest_gputrain.probe.timeline_facts_builder import timeline_facts
+from pytest_gputrain.probe.timeline_facts_builder import no_samples_reason, timeline_facts
 from pytest_gputrain.probe.window_facts_builder import (
     busy_outside_window,
     profile_facts,
@@ -134,7 +133,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     busy_outside_window(run)
     run.layers = _layer_facts(forwards)
     run.stalls = stall_facts(record)
-    run.nvml = _nvml_facts(record.nvml)
+    run.nvml = _nvml_facts(record)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)
     run.compile = compile_facts(record)
@@ -351,17 +350,17 @@ def _layer_facts(forwards: Forwards) -> LayerFacts:
     return facts
 
 
-def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
+def _nvml_facts(record: RunRecord) -> NvmlRunFacts:
     from pytest_gputrain.collect.sampler import summarise
 
+    timeline = record.nvml
     facts = NvmlRunFacts(index=timeline.index)
     facts.power_limit = timeline.power_limit
     facts.power_limit_default = timeline.power_limit_default
     samples = timeline.samples
     facts.samples = len(samples)
     if not samples:
-        facts.unknown["utilization_mean"] = (
-            "no NVML timeline (CPU run, NVML unavailable or no sample answered)")
+        facts.unknown["utilization_mean"] = no_samples_reason(record)
         return facts
 
     def stats(metric: str) -> Any:

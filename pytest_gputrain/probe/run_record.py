@@ -288,6 +288,10 @@ class OomMoment:
     free: int  # device memory free at the failure (all processes)
     other_processes: int | None = None  # memory other processes held (NVML, at the failure)
     other_process_count: int | None = None
+    # The allocator's bytes at the failure: the memory timeline runs up to it, also when the
+    # test failed before the first step's reading.
+    allocated: int | None = None
+    reserved: int | None = None
 
 
 @dataclass(slots=True)

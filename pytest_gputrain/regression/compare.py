@@ -156,6 +156,9 @@ class GateReport:
     commit: str | None = None
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the store or an output could not be used
+    # Each compared test's step times per round, of every baseline session: what the HTML
+    # report's steps lane overlays (output.report_section's "steps").
+    baseline_steps: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def count(self, verdict: str) -> int:
         return sum(1 for c in self.comparisons if c.verdict == verdict)

@@ -147,6 +147,9 @@ def _compare(store: Store, spec: str, report: GateReport, results: list[Benchmar
     current = {result.nodeid: [as_record(result)] for result in results}
     history = store_history(store, {run.id for run in report.baseline_runs})
     report.comparisons = compare_sides(baseline, current, report.settings, history)
+    report.baseline_steps = {nodeid: [[float(v) for v in record.metrics.get("step_time") or []]
+                                      for record in baseline[nodeid]]
+                             for nodeid in current if baseline.get(nodeid)}
     missing = sorted(set(baseline) - set(current))
     if missing:
         report.notes.append(f"{len(missing)} test(s) of the baseline did not run a benchmark "

@@ -305,8 +305,18 @@ def report_section(report: GateReport) -> dict[str, Any]:
         "drifts": [d.to_json() for d in report.drifts],
         "notes": list(report.notes),
         "saved_run_id": report.saved_run.id if report.saved_run else None,
+        "steps": _steps_json(report),
         "markdown": markdown_body(report),
     }
+
+
+def _steps_json(report: GateReport) -> dict[str, dict[str, Any]]:
+    """Each compared test's step times per round (s): ``baseline``, one list per baseline
+    session, and ``current``, this session's. The HTML report's steps lane overlays them."""
+    current = {result.nodeid: list(result.step_time) for result in report.benchmarks}
+    return {nodeid: {"metric": "step_time", "baseline": sessions,
+                     "current": current.get(nodeid, [])}
+            for nodeid, sessions in sorted(report.baseline_steps.items())}
 
 
 def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
