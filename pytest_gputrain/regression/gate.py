@@ -42,7 +42,7 @@ def check_store(settings: RegressionSettings) -> None:
             check_creatable(settings.store)
         if not settings.compare or settings.compare == "latest":
             return
-        if state != "ours":
+        if state not in ("ours", "older"):
             raise pytest.UsageError(
                 f"gpu_compare / --gpu-compare: no run {settings.compare!r}: the benchmark store "
                 f"{where} has no saved runs yet (save one with --gpu-save=NAME)")
