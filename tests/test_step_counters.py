@@ -41,19 +41,50 @@ def _model_step(extra_op: bool = False) -> Any:
 # -- the host ------------------------------------------------------------------------------------
 
 
-def test_cpu_time_counts_the_work_of_every_thread() -> None:
-    done = threading.Event()
+def _named_worker(name: bytes, go: threading.Event, done: threading.Event,
+                  ids: list[int], release: threading.Event) -> threading.Thread:
+    """A thread that names itself as the kernel shows it (/proc/self/task/*/comm), works once
+    told to, and lives on until released (as torch's autograd threads live on)."""
+    import ctypes
 
     def work() -> None:
-        sum(i * i for i in range(300_000))
+        ctypes.CDLL(None).prctl(15, name)  # PR_SET_NAME, as torch's setThreadName does
+        ids.append(threading.get_native_id())
+        go.wait()
+        sum(i * i for i in range(400_000))
         done.set()
+        release.wait()
 
-    before = host_counters.cpu_time_ns()
     thread = threading.Thread(target=work)
     thread.start()
+    while not ids:
+        threading.Event().wait(0.001)
+    return thread
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="Linux threads")
+def test_the_step_threads_are_the_callers_and_the_autograd_engines() -> None:
+    """torch's autograd engine runs a CUDA backward on threads named pt_autograd_<device>:
+    their CPU time is the step's; another thread's (an OpenMP worker spinning) is not."""
+    go, done, other_done = threading.Event(), threading.Event(), threading.Event()
+    release = threading.Event()
+    autograd_ids: list[int] = []
+    other_ids: list[int] = []
+    autograd = _named_worker(b"pt_autograd_0", go, done, autograd_ids, release)
+    other = _named_worker(b"omp_worker", go, other_done, other_ids, release)
+    threads = host_counters.step_threads()
+    assert threads[0] == threading.get_native_id()
+    assert autograd_ids[0] in threads and other_ids[0] not in threads
+    before = host_counters.cpu_time_ns(threads)
+    go.set()
     done.wait()
-    thread.join()
-    assert host_counters.cpu_time_ns() - before > 1_000_000  # the other thread's work, in ns
+    other_done.wait()
+    spent = host_counters.cpu_time_ns(threads) - before
+    release.set()
+    autograd.join()
+    other.join()
+    assert spent > 5_000_000  # the autograd thread's work, in ns...
+    assert host_counters.cpu_time_ns([autograd_ids[0]]) == 0  # ...and an ended thread adds none
 
 
 def test_instruction_counter_opens_or_says_why() -> None:
@@ -67,7 +98,7 @@ def test_instruction_counter_opens_or_says_why() -> None:
         assert counter.read().value - first.value > 100_000
 
 
-def test_the_counters_count_every_thread_that_exists_when_they_open() -> None:
+def test_the_counters_count_the_threads_they_are_given() -> None:
     """The machinery itself, on the kernel's software task clock (a counter there is, unlike the
     instruction counter, without a PMU): work on another thread is counted."""
     go, done = threading.Event(), threading.Event()
@@ -79,7 +110,8 @@ def test_the_counters_count_every_thread_that_exists_when_they_open() -> None:
 
     thread = threading.Thread(target=work)
     thread.start()
-    counter = host_counters.InstructionCounter.open(host_counters.TASK_CLOCK)
+    counter = host_counters.InstructionCounter.open(
+        host_counters.TASK_CLOCK, [threading.get_native_id(), thread.native_id or 0])
     if isinstance(counter, str):
         go.set()
         thread.join()
@@ -312,3 +344,12 @@ def test_steps_that_disagree_are_not_exact() -> None:
 
     counters = count_step(step, torch=torch, cuda_index=None, host_rounds=1)
     assert counters["varies"]["ops"] == [1.0, 2.0]
+
+
+def test_a_step_that_uses_no_torch_has_no_counts_of_torch_where_torch_is_loaded() -> None:
+    counters = count_step(lambda: sum(range(1000)), torch=torch, cuda_index=None,
+                          host_rounds=2)
+    assert counters["per_step"] == {}
+    assert counters["unavailable"]["ops"] == ("the step dispatched no ATen operator: torch is "
+                                              "not in use in it")
+    assert len(counters["host_cpu"]) == 2

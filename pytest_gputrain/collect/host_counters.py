@@ -1,20 +1,25 @@
 """The host's own cost of a piece of work: CPU time and, where the kernel allows, instructions.
 
-- **CPU time** of the process (``time.process_time_ns``, ``CLOCK_PROCESS_CPUTIME_ID``): the time
-  its threads ran on a core. Time spent waiting for a core (a busy host) is not in it, which
-  makes it steadier than a wall clock on a shared machine; it is the whole process's because a
-  training step's host work is not all on the calling thread (the autograd engine runs a CUDA
-  backward, and launches its kernels, on a thread of its own).
-- **Instructions** retired in user space by the process's threads, from a hardware counter
+Both are read for the threads that do a training step's host work (``step_threads``): the
+calling thread, and torch's autograd engine threads (``pt_autograd_<device>``), which run a CUDA
+backward and launch its kernels. Other threads are left out on purpose: an OpenMP worker
+spinning while it waits for work, a sampler, a logger add CPU time that moves with the host's
+load, not with the step.
+
+- **CPU time** (per-thread CPU clocks, ``clock_gettime`` of each thread's
+  ``CPUCLOCK_SCHED`` clock): the time the threads ran on a core. Time spent waiting for a
+  core (a busy host) is not in it, which makes it steadier than a wall clock on a shared
+  machine; it still moves with the clock frequency and the neighbours' use of the caches.
+- **Instructions** retired in user space by those threads, from a hardware counter
   (``perf_event_open``, called through ``ctypes``: the standard library has no binding). An
   instruction count does not move with the clock frequency or the neighbours' cache traffic,
   so it is the steadiest measure of host work there is (CodSpeed gates CPU code on it for that
-  reason). One counter per thread that exists when counting starts (``/proc/self/task``);
-  threads started later are not counted. The kernel may refuse: ``perf_event_paranoid`` above
-  2, a container whose seccomp profile blocks the call, a virtual machine without a PMU. Then
-  ``InstructionCounter.open`` says why, and nothing else changes.
+  reason). The kernel may refuse: ``perf_event_paranoid`` above 2, a container whose seccomp
+  profile blocks the call, a virtual machine without a PMU. Then ``InstructionCounter.open``
+  says why, and nothing else changes.
 
-Linux only for instructions; CPU time everywhere.
+Linux only for the autograd threads and for instructions; elsewhere the calling thread's CPU
+time (``time.thread_time_ns``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import errno
 import os
 import platform
 import struct
+import threading
 import time
 from dataclasses import dataclass
 
@@ -42,11 +48,46 @@ EXCLUDE_KERNEL = 1 << 5
 EXCLUDE_HV = 1 << 6
 ATTR_SIZE = 128  # PERF_ATTR_SIZE_VER7; the kernel accepts any size it knows
 PARANOID = "/proc/sys/kernel/perf_event_paranoid"
+AUTOGRAD_THREADS = "pt_autograd_"  # torch names its autograd engine's device threads so
+TASKS = "/proc/self/task"
 
 
-def cpu_time_ns() -> int:
-    """The process's CPU time so far, in nanoseconds (all its threads)."""
-    return time.process_time_ns()
+def step_threads() -> list[int]:
+    """The native ids of the calling thread and of torch's autograd engine threads."""
+    own = threading.get_native_id()
+    found = [own]
+    try:
+        names = os.listdir(TASKS)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(f"{TASKS}/{name}/comm", encoding="utf-8", errors="replace") as handle:
+                comm = handle.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if comm.startswith(AUTOGRAD_THREADS) and int(name) != own:
+            found.append(int(name))
+    return found
+
+
+def _thread_clock(thread: int) -> int:
+    """The clock id of a thread's CPU time (Linux's MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED))."""
+    return (~thread << 3) | 6
+
+
+def cpu_time_ns(threads: list[int] | None = None) -> int:
+    """The CPU time so far of ``threads`` (native ids; default: the calling thread), in
+    nanoseconds; a thread that ended adds what it had no longer."""
+    if threads is None or platform.system() != "Linux":
+        return time.thread_time_ns()
+    total = 0
+    for thread in threads:
+        try:
+            total += time.clock_gettime_ns(_thread_clock(thread))
+        except OSError:
+            continue
+    return total
 
 
 @dataclass(frozen=True)
@@ -107,7 +148,7 @@ class Reading:
 
 
 class InstructionCounter:
-    """User-space instructions of this process's threads, from one counter per thread.
+    """User-space instructions of some threads of this process, one counter per thread.
 
     ``InstructionCounter.open()`` returns the counter or the reason there is none; ``read()``
     the count so far; ``close()`` frees the counters (also on ``with``)."""
@@ -116,7 +157,9 @@ class InstructionCounter:
         self._descriptors = descriptors
 
     @classmethod
-    def open(cls, event: Event = INSTRUCTIONS) -> InstructionCounter | str:
+    def open(cls, event: Event = INSTRUCTIONS, threads: list[int] | None = None
+             ) -> InstructionCounter | str:
+        """Counters of ``event`` on ``threads`` (native ids; default ``step_threads()``)."""
         if platform.system() != "Linux":
             return f"instructions are counted on Linux only (this is {platform.system()})"
         number = SYSCALLS.get(platform.machine().lower())
@@ -129,10 +172,8 @@ class InstructionCounter:
             return f"the C library's syscall() cannot be called: {exc}"
         syscall.restype = ctypes.c_long
         attr = ctypes.create_string_buffer(_attr(event), ATTR_SIZE)
-        try:
-            threads = sorted(int(name) for name in os.listdir("/proc/self/task"))
-        except OSError:
-            threads = [0]
+        if threads is None:
+            threads = step_threads()
         descriptors: list[int] = []
         for thread in threads:
             # pid = the thread, cpu = -1 (wherever it runs), no group, no flags

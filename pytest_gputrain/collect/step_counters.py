@@ -3,7 +3,8 @@
 ``count_step`` runs the step a few more times, in three phases:
 
 1. **plain** (``host_rounds`` steps, nothing instrumented): the host's CPU time and, where the
-   kernel allows, its instructions per step (``host_counters``), and on CUDA the caching
+   kernel allows, its instructions per step, on the calling thread and torch's autograd
+   threads (``host_counters``), and on CUDA the caching
    allocator's counters around each step (``torch.cuda.memory_stats``: allocations, and the
    segments it had to ``cudaMalloc``/``cudaFree``). On CUDA the GPU is synchronised before each
    step, so that the host never waits for room in the launch queue while it is being timed.
@@ -25,7 +26,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pytest_gputrain.collect.host_counters import InstructionCounter, cpu_time_ns
+from pytest_gputrain.collect.host_counters import InstructionCounter, cpu_time_ns, step_threads
 
 COUNTERS_VERSION = 1
 COUNTED_STEPS = 3
@@ -67,7 +68,8 @@ def _memory_stats(torch: Any, index: int) -> dict[str, int]:
 
 def _plain(torch: Any | None, cuda_index: int | None, step: Callable[[], Any], rounds: int,
            out: dict[str, Any], varies: dict[str, list[float]]) -> None:
-    opened = InstructionCounter.open()
+    threads = step_threads()  # after the warm-up: the autograd engine's threads exist
+    opened = InstructionCounter.open(threads=threads)
     counter = opened if isinstance(opened, InstructionCounter) else None
     if isinstance(opened, str):
         out["unavailable"]["instructions"] = opened
@@ -82,9 +84,9 @@ def _plain(torch: Any | None, cuda_index: int | None, step: Callable[[], Any], r
                 cuda.synchronize()
                 before_stats = _memory_stats(torch, cuda_index)  # type: ignore[arg-type]
             before = counter.read() if counter is not None else None
-            started = cpu_time_ns()
+            started = cpu_time_ns(threads)
             step()
-            spent = cpu_time_ns() - started
+            spent = cpu_time_ns(threads) - started
             after = counter.read() if counter is not None else None
             host.append(spent / 1e9)
             if before is not None and after is not None:
@@ -100,6 +102,7 @@ def _plain(torch: Any | None, cuda_index: int | None, step: Callable[[], Any], r
             out["instructions_threads"] = counter.threads
             counter.close()
     out["host_cpu"] = host
+    out["host_threads"] = len(threads)
     if instructions:
         out["instructions"] = instructions
         out["instructions_multiplexed"] = multiplexed
@@ -173,6 +176,15 @@ def count_step(step: Callable[[], Any], *, torch: Any | None, cuda_index: int | 
     with torch.cuda.device(cuda_index) if cuda else contextlib.nullcontext():
         _plain(torch, cuda_index, step, host_rounds, out, varies)
         _operators(torch, step, steps, cuda, out, varies)
+        if out["per_step"].get("ops") == 0 and "ops" not in varies:
+            # torch is loaded, but this step is plain Python: there is nothing of torch's to
+            # count, and counts of 0 would only be rows saying so
+            for name in EXACT:
+                out["per_step"].pop(name, None)
+                out["unavailable"][name] = ("the step dispatched no ATen operator: torch is "
+                                            "not in use in it")
+            out["varies"] = {}
+            return out
         if cuda:
             _activity(torch, step, steps, out, varies)
     if not cuda:
