@@ -27,7 +27,7 @@ from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
-from pytest_gputrain.regression.options import DEFAULT_STORE, METRICS
+from pytest_gputrain.regression.options import DEFAULT_STORE, TIME_METRICS
 from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
@@ -69,7 +69,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--html", metavar="DIR", help="write a static site into DIR: an index "
                         "of the tests with sparklines and their latest change, a page per test "
                         "with its series, steps and commits (needs ruptures)")
-    parser.add_argument("--metric", choices=METRICS, action="append",
+    parser.add_argument("--metric", choices=TIME_METRICS, action="append",
                         help="with --changes or --html: only this metric (repeatable; default "
                              "both)")
     parser.add_argument("--min-change", metavar="PERCENT",
