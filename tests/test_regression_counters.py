@@ -391,3 +391,21 @@ def test_the_markdown_of_a_report_holds_the_explanations(tmp_path: Path) -> None
                         compare_spec="main")
     text = markdown(report)
     assert "What each test does per step" in text and "+1 sync per step" in text
+
+
+def test_a_counting_pass_that_fails_fails_no_test() -> None:
+    """A step that runs only so often (a generator that ends): the timed rounds had it, the
+    counting pass does not; the result keeps its times and says why nothing was counted."""
+    from pytest_gputrain.regression.benchmark import BenchmarkOptions, measure
+
+    calls = iter(range(12))
+
+    def step() -> None:
+        next(calls)
+
+    result = measure(step, options=BenchmarkOptions(warmup=1, min_rounds=10, max_rounds=10),
+                     device="cpu", counters=True, fingerprint=False)
+    assert result.rounds == 10 and result.counters is not None
+    assert result.counters["per_step"] == {}
+    assert result.counters["unavailable"]["host_cpu"] == (
+        "the counting pass failed: StopIteration: ")

@@ -353,3 +353,58 @@ def test_a_step_that_uses_no_torch_has_no_counts_of_torch_where_torch_is_loaded(
     assert counters["unavailable"]["ops"] == ("the step dispatched no ATen operator: torch is "
                                               "not in use in it")
     assert len(counters["host_cpu"]) == 2
+
+
+class _Event:
+    """What convert reads of a kineto event."""
+
+    def __init__(self, name: str, activity: str, device: str, start: int, duration: int,
+                 correlation: int = 0, nbytes: int = 0) -> None:
+        self._values = (name, activity, device, start, duration, correlation, nbytes)
+
+    def name(self) -> str:
+        return self._values[0]
+
+    def activity_type(self) -> str:
+        return self._values[1]
+
+    def device_type(self) -> str:
+        return f"DeviceType.{self._values[2]}"
+
+    def start_ns(self) -> int:
+        return self._values[3]
+
+    def duration_ns(self) -> int:
+        return self._values[4]
+
+    def correlation_id(self) -> int:
+        return self._values[5]
+
+    def nbytes(self) -> int:
+        return self._values[6]
+
+
+def test_a_cuda_profile_becomes_steps_kernels_and_runtime_calls() -> None:
+    """As kineto gives a CUDA step with CPU activity: the mark on the host and its copy on the
+    GPU's timeline (no second step), runtime calls and kernels, an overhead event (no kernel),
+    CPU operators (no runtime call)."""
+    mark = cuda_activity.STEP_MARK
+    events = [
+        _Event(mark, "user_annotation", "CPU", 1_000, 1_000),
+        _Event(mark, "gpu_user_annotation", "CUDA", 1_050, 1_200),
+        _Event("aten::mul", "cpu_op", "CPU", 1_010, 100),
+        _Event("cudaLaunchKernel", "cuda_runtime", "CPU", 1_020, 10, 7),
+        _Event(ELEMENTWISE, "kernel", "CUDA", 1_100, 50, 7),
+        _Event("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", "CUDA", 1_200, 20, 8, 4096),
+        _Event("cudaMemcpyAsync", "cuda_runtime", "CPU", 1_150, 10, 8),
+        _Event("Activity Buffer Request", "overhead", "CUDA", 1_300, 10),
+        _Event("cuStreamSynchronize", "cuda_driver", "CPU", 1_500, 100),
+    ]
+    gpu, runtime, ranges = cuda_activity.convert(events)
+    assert ranges == [(1_000, 2_000)]
+    assert [e.name for e in runtime] == ["cudaLaunchKernel", "cudaMemcpyAsync",
+                                         "cuStreamSynchronize"]
+    assert [e.kind for e in gpu] == ["kernel", "memcpy"] and gpu[1].nbytes == 4096
+    (step,) = per_step(gpu, runtime, ranges)
+    assert step.kernels == 1 and step.syncs == {"stream": 1}
+    assert step.copies == {"h2d": {"count": 1, "bytes": 4096, "pageable": 1}}

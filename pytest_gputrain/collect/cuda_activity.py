@@ -228,10 +228,24 @@ def _event_bytes(event: Any) -> int:
         return 0
 
 
+GPU_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_ACTIVITIES = ("cuda_runtime", "cuda_driver")
+
+
+def _activity(event: Any) -> str | None:
+    """Kineto's activity type (``kernel``, ``gpu_memcpy``, ``cuda_runtime``,
+    ``user_annotation``, ``gpu_user_annotation``...), or None where this torch has none."""
+    try:
+        return str(event.activity_type())
+    except Exception:
+        return None
+
+
 def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent],
                                              list[tuple[int, int]]]:
     """Kineto events (``prof.profiler.kineto_results.events()``) as plain records, and the
-    steps' marks."""
+    steps' marks (the host's: a ``record_function`` range is drawn on the GPU's timeline too,
+    as a ``gpu_user_annotation``, which is no step and no kernel)."""
     gpu: list[GpuEvent] = []
     runtime: list[RuntimeEvent] = []
     ranges: list[tuple[int, int]] = []
@@ -240,12 +254,20 @@ def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent],
         start = int(event.start_ns())
         end = start + int(event.duration_ns())
         correlation = int(event.correlation_id() or 0)
+        activity = _activity(event)
+        on_gpu = str(event.device_type()).endswith("CUDA")
+        if activity is not None and "annotation" in activity:
+            if name == STEP_MARK and activity == "user_annotation":
+                ranges.append((start, end))
+            continue
         if name == STEP_MARK:
-            ranges.append((start, end))
-        elif str(event.device_type()).endswith("CUDA"):
+            if not on_gpu:
+                ranges.append((start, end))
+        elif activity in GPU_ACTIVITIES or (activity is None and on_gpu):
             nbytes = _event_bytes(event) if name.startswith("Memcpy") else 0
             gpu.append(GpuEvent(name, start, end, correlation, nbytes))
-        elif re.match(r"cu[A-Z]|cuda[A-Z]", name):
+        elif activity in RUNTIME_ACTIVITIES or (activity is None and not on_gpu
+                                                 and re.match(r"cu[A-Z]|cuda[A-Z]", name)):
             runtime.append(RuntimeEvent(name, start, end, correlation))
     return gpu, runtime, sorted(ranges)
 

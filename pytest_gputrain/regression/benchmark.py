@@ -55,7 +55,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_gputrain.regression import policy, stats
-from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
+from pytest_gputrain.regression.options import (
+    COUNTER_METRICS,
+    MAX_ROUNDS,
+    MAX_TIME_S,
+    MAX_WARMUP,
+)
 from pytest_gputrain.units import shown
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)
@@ -436,10 +441,16 @@ def count(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
 
     cuda_index = int(device.split(":")[1]) if device.startswith("cuda") else None
     host_torch = torch if torch is not None else sys.modules.get("torch")
-    with process_state.own_profiler():
-        counted = count_step(lambda: fn(*args, **kwargs), torch=host_torch,
-                             cuda_index=cuda_index,
-                             host_rounds=counting_rounds(options, stats.median(result.step_time)))
+    try:
+        with process_state.own_profiler():
+            counted = count_step(lambda: fn(*args, **kwargs), torch=host_torch,
+                                 cuda_index=cuda_index,
+                                 host_rounds=counting_rounds(options,
+                                                             stats.median(result.step_time)))
+    except Exception as exc:  # the step timed fine: its test does not fail for the counting
+        why = f"the counting pass failed: {type(exc).__name__}: {exc}"[:500]
+        return {"version": 1, "per_step": {}, "varies": {},
+                "unavailable": {name: why for name in COUNTER_METRICS}}
     host = counted.get("host_cpu") or []
     kind = policy.classify(device if cuda_index is not None else "cpu",
                            stats.median(result.step_time), counted.get("gpu_busy"),
