@@ -376,7 +376,7 @@ def test_injections_are_caught_and_named_where_the_clock_cannot_tell(tmp_path: P
         assert launch[variant]["named"] == 20, (variant, launch[variant])
     assert set(launch["sync"]["by"]) >= {"syncs"}
     assert launch["sync"]["counters_changed"][0].startswith(
-        "+1 sync per step (stream Tensor.item() at benchmarks/injections.py:96")
+        "+1 sync per step (Tensor.item() at benchmarks/injections.py:96")
     assert "host_cpu" in launch["python"]["by"]
     assert figures["launch"]["result"] == "PASS"
     gpu = figures["gpu"]["variants"]

@@ -8,7 +8,7 @@ timed rounds) stores its counts with the result (``ResultRecord.counters``). Two
   calls, ATen operators per step. The same code counts the same in every session, whatever
   the host is doing, so no statistics are needed: a count that rose is a regression on its own
   evidence (``decide_exact``), and the verdict names what rose ("+1 sync per step
-  (Tensor.item() at train.py:42 ...)", "+64 kernels per step (aten::index x64)").
+  (Tensor.item() at train.py:42 ...)", "+64 kernels per step (aten::index ×64)").
 - **host** counters (``STATISTICAL``): the host's CPU time and instructions per step. They move
   with the host (clock frequency, caches), less than the wall clock does, and are compared over
   sessions as the step time is (``stats.compare_sessions``), each session summarised by its
@@ -50,6 +50,7 @@ SYNC_CALLS = {"aten::_local_scalar_dense": "Tensor.item()", "aten::nonzero": "no
               "aten::is_nonzero": "bool(tensor)", "aten::_to_copy": "a copy to the host",
               "aten::copy_": "a copy to the host", "aten::masked_select": "masked_select()",
               "aten::unique": "unique()", "": "Stream.synchronize()"}
+COPY_CALLS = {"aten::_to_copy": "Tensor.to()", "aten::copy_": "Tensor.copy_()"}
 DIFF_ROWS = 15  # histogram rows shown in an explanation
 CAUSE_ITEMS = 3  # the largest differences named in a verdict
 
@@ -220,22 +221,29 @@ def histogram_diff(before: Mapping[str, float], after: Mapping[str, float]
 
 
 def _times(value: float) -> str:
-    return f"×{value:+.0f}" if float(value).is_integer() else f"×{value:+.1f}"
+    """How many more (`` ×64``; nothing for one more) or fewer (`` (3 fewer)``) per step."""
+    count = f"{abs(value):.0f}" if float(value).is_integer() else f"{abs(value):.1f}"
+    if value < 0:
+        return f" ({count} fewer)"
+    return "" if value == 1 else f" ×{count}"
 
 
-def site_key(site: Mapping[str, Any], *fields: str) -> str:
-    """One call site of a copy or sync, in words: ``Tensor.item() at train.py:42 `loss.item()```."""
-    call = str(site.get("op") or "")
-    call = SYNC_CALLS.get(call, call) if "kind" in site else call
+def site_key(site: Mapping[str, Any]) -> str:
+    """One call site of a sync or a copy, in words: ``Tensor.item() at train.py:42
+    `loss.item()```, ``pageable Tensor.to() at train.py:40 `batch.to(device)` (1.0 MiB)``."""
+    operator = str(site.get("op") or "")
     where = str(site.get("site") or "unknown")
     code = str(site.get("code") or "")
-    extra = " ".join(str(site.get(f)) for f in fields if site.get(f) not in (None, ""))
-    text = f"{call} at {where}" + (f" `{code}`" if code else "")
-    return f"{extra} {text}".strip()
+    at = f" at {where}" + (f" `{code}`" if code else "")
+    if "direction" in site:
+        call = COPY_CALLS.get(operator, operator)
+        return (f"{site.get('memory') or ''} {call}{at} "
+                f"({format_bytes(site.get('bytes') or 0)})").strip()
+    return f"{SYNC_CALLS.get(operator, operator)}{at}"
 
 
 def sites(record: ResultRecord, group: str, direction: str | None = None) -> dict[str, float]:
-    """A session's copy or sync call sites in words (``site_key``), with their counts per
+    """A session's sync or copy call sites in words (``site_key``), with their counts per
     step; ``direction`` keeps one way of copies."""
     found: dict[str, float] = {}
     for site in counters_of(record).get(group) or []:
@@ -243,16 +251,13 @@ def sites(record: ResultRecord, group: str, direction: str | None = None) -> dic
             continue
         if direction is not None and site.get("direction") != direction:
             continue
-        fields = ("kind",) if group == "sync_sites" else ("memory",)
-        key = site_key(site, *fields)
-        if group == "copy_sites":
-            key += f" ({format_bytes(site.get('bytes') or 0)})"
+        key = site_key(site)
         found[key] = found.get(key, 0.0) + float(site.get("count") or 0)
     return found
 
 
 def _listed(rows: list[tuple[str, float, float]], limit: int = CAUSE_ITEMS) -> str:
-    shown = [f"{key} {_times(after - before)}" for key, before, after in rows[:limit]]
+    shown = [f"{key}{_times(after - before)}" for key, before, after in rows[:limit]]
     more = len(rows) - limit
     return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
@@ -305,7 +310,7 @@ def cause(name: str, baseline: Sequence[ResultRecord], current: Sequence[ResultR
 
 def change_phrase(name: str, baseline: Sequence[ResultRecord],
                   current: Sequence[ResultRecord]) -> str:
-    """``+1 sync per step (Tensor.item() at train.py:42 `loss.item()` ×+1)``."""
+    """``+1 sync per step (Tensor.item() at train.py:42 `loss.item()`)``."""
     before, after = representative(baseline), representative(current)
     if before is None or after is None:
         return ""
