@@ -275,24 +275,6 @@ def test_the_explanation_sets_the_sides_beside_each_other() -> None:
     json.dumps(section)  # JSON-ready, as the report files hold it
 
 
-def test_the_html_partial_draws_an_explanation_escaped() -> None:
-    from pytest_gputrain.report.html import _environment
-
-    hostile = "tests/t.py::test[<script>alert(1)</script>]"
-    baseline, current = sides(counted(), counted(syncs=1, sync_sites=[
-        {**ITEM, "code": "x = y.item()  # </td><b>bold</b>"}]))
-    x = explain.explain(hostile, baseline, current)
-    module = _environment().get_template("benchmark_explanation.html.j2").module
-    html = str(module.benchmark_explanation_style()) + str(module.benchmark_explanation(x))
-    assert "<script>alert" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert "<b>bold</b>" not in html
-    assert '<details class="explanation changed" open' in html
-    assert "+1 sync per step" in html and "<td>0</td><td>1</td>" in html
-    assert "not counted: instructions" in html
-    unchanged = explain.explain(NODE, *sides(counted(), counted()))
-    assert "no exact counter changed" in str(module.benchmark_explanation(unchanged))
-
-
 # -- through pytest, on the CPU ------------------------------------------------------------------
 
 
