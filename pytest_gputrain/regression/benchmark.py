@@ -30,19 +30,8 @@ before the phase); a step that synchronises itself (``.item()``) is never queued
 GPU time.
 
 On the CPU (no CUDA, or ``device="cpu"``) the host timer ``time.perf_counter`` brackets each call.
-
-**Per-step counters** (``counters=True``, the default). Last, untimed, a counting pass runs the
-step some more (``collect.step_counters``): the host's CPU time and instructions over
-``counting_rounds`` plain steps, then ``COUNTED_STEPS`` steps counted for ATen operators and
-call sites, and on CUDA as many under torch's profiler for kernels, copies and syncs. It runs
-after the warm-up and the timed rounds, so cuDNN's autotuning and the caching allocator have
-settled, and it counts each step on its own, so that a count the steps disagree on is marked
-as not exact. The timed rounds pay nothing for it (the profiler is asked to detach CUPTI when it
-stops, ``collect.cupti``, and where that is unsafe, nothing is profiled). From what it measured
-the result is judged launch-bound, GPU-bound or a CPU step (``policy.classify``), which chooses
-what the default policy gates.
-
-Import is light: torch and NVML are imported on first use.
+Last, untimed, the counting pass (``counters=True``: ``counting.py``). Import is light: torch
+and NVML are imported on first use.
 """
 
 from __future__ import annotations
@@ -55,12 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pytest_gputrain.regression import policy, stats
-from pytest_gputrain.regression.options import (
-    COUNTER_METRICS,
-    MAX_ROUNDS,
-    MAX_TIME_S,
-    MAX_WARMUP,
-)
+from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
 from pytest_gputrain.units import shown
 
 _clock: Callable[[], float] = time.perf_counter  # tests may replace it (a fake clock)
@@ -75,9 +59,6 @@ SAMPLE_INTERVAL_S = 0.1
 SPIN_ROUNDS = 2.0
 QUEUE_SLACK_S = 200e-6
 CALIBRATION_CYCLES = 1_000_000
-# The counting pass's plain steps (host CPU time, instructions): as many as min_rounds, but no
-# more than take this long, and never fewer than a session's summary needs.
-COUNTING_TIME_S = 2.0
 
 
 class BenchmarkDisabledError(RuntimeError):
@@ -393,10 +374,9 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
             device: object = None, nvml: bool = True, nodeid: str = "",
             fingerprint: bool = True, gpu_time: bool = False, counters: bool = False,
             bound: str | None = None) -> BenchmarkResult:
-    """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds, with ``gpu_time`` (CUDA
-    only) the queued rounds that time the GPU's work, and with ``counters`` the counting pass;
-    ``bound`` ("launch" or "gpu") states the step's kind instead of judging it. See the module
-    docstring."""
+    """Run ``fn(*args, **kwargs)``: warm-up, timed rounds, with ``gpu_time`` (CUDA only) the
+    queued rounds that time the GPU's work, with ``counters`` the counting pass (``bound``:
+    the step's kind, stated instead of judged). See the module docstring."""
     from pytest_gputrain.regression import process_state
 
     options = options or BenchmarkOptions()
@@ -416,52 +396,17 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
         result.conditions = process_state.read(torch)
         result.conditions["sm_clock_median"] = stats.median(clocks) if clocks else None
     if counters:
-        result.counters = count(fn, args, kwargs, result, options, torch, name, bound)
+        from pytest_gputrain.regression.counting import count
+
+        gpu = stats.median(result.gpu_times) if result.gpu_times else None
+        result.counters = count(lambda: fn(*args, **kwargs), torch=torch, device=name,
+                                step_time=stats.median(result.step_time), gpu_time=gpu,
+                                min_rounds=options.min_rounds, bound=bound)
     if fingerprint:
         from pytest_gputrain.regression.fingerprint import collect
 
         result.fingerprint = collect(name)
     return result
-
-
-def counting_rounds(options: BenchmarkOptions, seconds_per_step: float) -> int:
-    """The counting pass's plain steps: ``min_rounds``, as many as fit in ``COUNTING_TIME_S``,
-    and at least the ``stats.MIN_ROUNDS`` a session's summary needs."""
-    fit = int(COUNTING_TIME_S / max(seconds_per_step, 1e-9))
-    return max(stats.MIN_ROUNDS, min(options.min_rounds, fit))
-
-
-def count(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-          result: BenchmarkResult, options: BenchmarkOptions, torch: Any, device: str,
-          bound: str | None) -> dict[str, Any]:
-    """The counting pass (``collect.step_counters``) over the step, after its timed rounds,
-    and the kind of step it was (``policy.classify``, unless ``bound`` says)."""
-    from pytest_gputrain.collect.step_counters import count_step
-    from pytest_gputrain.regression import process_state
-
-    cuda_index = int(device.split(":")[1]) if device.startswith("cuda") else None
-    host_torch = torch if torch is not None else sys.modules.get("torch")
-    try:
-        with process_state.own_profiler():
-            counted = count_step(lambda: fn(*args, **kwargs), torch=host_torch,
-                                 cuda_index=cuda_index,
-                                 host_rounds=counting_rounds(options,
-                                                             stats.median(result.step_time)))
-    except Exception as exc:  # the step timed fine: its test does not fail for the counting
-        why = f"the counting pass failed: {type(exc).__name__}: {exc}"[:500]
-        return {"version": 1, "per_step": {}, "varies": {},
-                "unavailable": {name: why for name in COUNTER_METRICS}}
-    host = counted.get("host_cpu") or []
-    kind = policy.classify(device if cuda_index is not None else "cpu",
-                           stats.median(result.step_time), counted.get("gpu_busy"),
-                           stats.median(result.gpu_times) if result.gpu_times else None,
-                           min(host) if host else None)
-    if bound is not None:
-        kind = {**kind, "kind": bound, "why": f"stated by the test (bound={bound!r}); judged "
-                                              f"{policy.KIND_WORDS.get(kind['kind'])}: "
-                                              f"{kind['why']}"}
-    counted["bound"] = kind
-    return counted
 
 
 def run_untimed(fn: Callable[..., Any], args: tuple[Any, ...] = (),
@@ -615,15 +560,13 @@ class GpuBenchmark:
     ``gpu_benchmark(step, *args, rounds=50, warmup=5)`` returns a ``BenchmarkResult``; the
     result is kept for the session's table, ``--gpu-save`` and ``--gpu-compare``. With
     ``disabled`` (``--gpu-benchmark-disable``) the step is called once, untimed. ``gpu_time``
-    (default: whether the gate gates ``gpu_time``, as the default policy may) adds the queued
-    rounds that time the GPU's work per step; ``counters`` (default on,
-    ``--no-gpu-benchmark-counters``) the counting pass; ``bound="launch"`` or ``"gpu"`` states
+    (default: whether the gate may gate ``gpu_time``) adds the queued rounds that time the
+    GPU's work per step; ``counters`` the counting pass; ``bound`` ("launch", "gpu") states
     the step's kind for the default policy instead of judging it.
     """
 
     def __init__(self, nodeid: str, defaults: BenchmarkOptions | None = None, *,
-                 disabled: bool = False, gpu_time: bool = False,
-                 counters: bool = True) -> None:
+                 disabled: bool = False, gpu_time: bool = False, counters: bool = True) -> None:
         self.nodeid = nodeid
         self.defaults = defaults or BenchmarkOptions()
         self.disabled = disabled
@@ -643,10 +586,7 @@ class GpuBenchmark:
         if not callable(fn):
             raise TypeError(f"gpu_benchmark: {fn!r} is not callable; pass the step function "
                             "itself, e.g. gpu_benchmark(train_step, batch)")
-        if bound is not None and bound not in policy.BOUNDS:
-            raise ValueError(f"gpu_benchmark: bound={bound!r} is not a kind of step; use "
-                             f"{' or '.join(repr(b) for b in policy.BOUNDS)} (or leave it out: "
-                             "the counting pass judges it)")
+        policy.check_bound(bound)
         options = self.defaults.override(rounds=rounds, warmup=warmup, min_rounds=min_rounds,
                                          max_rounds=max_rounds, max_time=max_time)
         if self.disabled:

@@ -47,6 +47,14 @@ HOST_SHARE = 0.5
 BOUNDS = ("launch", "gpu")  # what gpu_benchmark(bound=...) accepts
 
 
+def check_bound(bound: str | None) -> None:
+    """``ValueError`` unless ``bound`` is a kind a test may state (or None: judged)."""
+    if bound is not None and bound not in BOUNDS:
+        raise ValueError(f"gpu_benchmark: bound={bound!r} is not a kind of step; use "
+                         f"{' or '.join(repr(b) for b in BOUNDS)} (or leave it out: the "
+                         "counting pass judges it)")
+
+
 def classify(device: str, step_time: float | None, gpu_busy: float | None,
              gpu_time: float | None, host_cpu: float | None) -> dict[str, Any]:
     """The kind of a step, with the evidence: ``{"kind", "busy_share", "host_share", "why"}``.
