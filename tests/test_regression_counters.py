@@ -325,7 +325,7 @@ def test_an_extra_operator_per_step_fails_the_gate_and_is_named(
         "*performance regression: test_step.py::test_step ops*",
     ])
     text = summary.read_text()
-    assert "#### What each test does per step" in text
+    assert "### What each test does per step" in text
     assert "| ATen ops | " in text and "| `aten::mul` | 0 | 2 | +2 |" in text
     monkeypatch.delenv("EXTRA_OP")
     same = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--gpu-compare=main",
