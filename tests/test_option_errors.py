@@ -13,7 +13,7 @@ CASES = [  # (ini name, a bad value, what the error says about it)
     ("gpu_fail_on", "sometimes", "'sometimes' is not a severity that fails the session*"),
     ("gpu_regression", "step_time:banana",
      "'banana' in 'step_time:banana' is not a percentage from 0 to 100; e.g. "
-     "\"step_time:5%,peak_vram:2%\"*"),
+     "\"auto,step_time:2%\" or *"),
     ("gpu_select", "G!", "'G!' is not a rule code or code prefix*"),
     ("gpu_per_worker", "0", "*0* is not a whole number >= 1*"),
 ]
@@ -52,8 +52,8 @@ def test_compare_names_its_own_option_once(capsys: pytest.CaptureFixture[str]) -
     assert cli.main(["compare", "a", "b", "--regression", "step_time:banana"]) == 2
     error = capsys.readouterr().err.strip()
     assert error == ("pytest_gputrain: error: --regression: 'banana' in 'step_time:banana' is "
-                     "not a percentage from 0 to 100; e.g. \"step_time:5%,peak_vram:2%\" (a "
-                     "metric may be \"off\")")
+                     "not a percentage from 0 to 100; e.g. \"auto,step_time:2%\" or "
+                     "\"step_time:5%,kernels:0,syncs:0,host_cpu:2%\" (a metric may be \"off\")")
     assert "--gpu-regression" not in error
 
 

@@ -139,7 +139,7 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     ])
     document = json.loads(out.read_text())
     assert document["kind"] == "pytest-gputrain-benchmarks"
-    assert document["schema_version"] == 2
+    assert document["schema_version"] == 3
     assert document["failed"] is True
     assert document["summary"]["regression"] == 2
     assert [r["name"] for r in document["baseline"]["runs"]] == ["main"] * 3
@@ -498,7 +498,7 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpu-regression=step_time=5"], "*: --gpu-regression: 'step_time=5'*"
-                                       "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
+                                       "not METRIC:PERCENT*auto,step_time:2%*kernels:0*"),
     (["--gpu-regression=speed:5%"],
      "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
     (["--gpu-regression=step_time:500%"],
@@ -1129,7 +1129,8 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
         "*--gpu-save=NAME*", "*--gpu-compare=NAME|#ID|latest*", "*--gpu-regression=SPEC*",
         "*step_time:5%,peak_vram:2%*", "*--gpu-benchmark-json=PATH*",
         "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
-        "*--gpu-benchmark-skip*", "*--gpu-benchmark-only*",
+        "*--gpu-benchmark-skip*", "*--gpu-benchmark-only*", "*--gpu-benchmark-counters*",
+        "*--no-gpu-benchmark-counters*",
     ])
     result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*",
                                  "*--gpu-cannot-tell=pass|warn|fail*"])
@@ -1138,7 +1139,7 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
                 "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip",
-                "gpu_benchmark_only"):
+                "gpu_benchmark_only", "gpu_benchmark_counters"):
         result.stdout.fnmatch_lines([f"  {ini} (*"])
 
 
@@ -1191,7 +1192,9 @@ def test_benchmark_disable_runs_each_step_once_untimed(pytester: pytest.Pytester
         else None
     if timed is not None:
         timed.assert_outcomes(passed=3)
-        timed.stdout.fnmatch_lines(["*CALLS=23 DISABLED=False ROUNDS=20*"])
+        # 3 warm-up and 20 timed calls, then the counting pass: 20 plain steps and the 3
+        # counted for operators (none: the step is plain Python, so nothing more)
+        timed.stdout.fnmatch_lines(["*CALLS=46 DISABLED=False ROUNDS=20*"])
 
 
 @pytest.mark.parametrize("how", ["option", "ini"])
@@ -1292,7 +1295,7 @@ def test_recipe_catches_a_slowdown(project: pytest.Pytester, monkeypatch: pytest
     assert compare_main("base", "head", "--store", shared_store, "--format", "json",
                         "--regression", "step_time:2.5%") == 1
     document = json.loads(capsys.readouterr().out)
-    assert document["schema_version"] == 2 and document["failed"] is True
+    assert document["schema_version"] == 3 and document["failed"] is True
     assert {c["verdict"] for c in document["comparisons"]} == {"regression"}
     for row in document["comparisons"]:
         assert 0.035 < row["change"] < 0.065

@@ -37,12 +37,13 @@ from pytest_gputrain.regression.options import (
 )
 from pytest_gputrain.regression.store_location import Location, resolve_store
 
-# DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
-# that the two agree).
+# DEFAULT_REGRESSION ("auto") parsed, so that a run that sets no threshold loads no parser (a
+# test checks that the two agree): the thresholds every test keeps (policy.BASE).
 DEFAULT_THRESHOLDS = {"step_time": 0.05, "peak_vram": 0.02}
 # A value, not an option: the error names the option as it was given (a flag, an ini name, or
 # the compare command's --regression) before it.
-REGRESSION_EXAMPLE = '"step_time:5%,peak_vram:2%" (a metric may be "off")'
+REGRESSION_EXAMPLE = ('"auto,step_time:2%" or "step_time:5%,kernels:0,syncs:0,host_cpu:2%" '
+                      '(a metric may be "off")')
 # How one session's step time is summarised: its fastest clean round (interference from the host
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
@@ -53,11 +54,25 @@ LOOKBACK_HINT = ("gpu_lookback needs ruptures: pip install 'pytest-gputrain[chan
 
 
 @dataclass(frozen=True)
+class RegressionSpec:
+    """``--gpu-regression`` read: the thresholds named (with ``auto``, the policy's base ones
+    too), whether the default policy adds each test's own metrics (``policy.py``), and the
+    metrics turned off."""
+
+    thresholds: dict[str, float]
+    auto: bool = False
+    off: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class RegressionSettings:
     save: str | None = None
     compare: str | None = None
     thresholds: dict[str, float] = field(
         default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
+    auto: bool = True  # the default policy adds each test's metrics by the kind of its step
+    off: frozenset[str] = frozenset()  # metrics the spec turned off
+    counters: bool = True  # the counting pass after the timed rounds
     alpha: float = DEFAULT_ALPHA
     step_summary: str = DEFAULT_STEP_SUMMARY
     force: bool = False
@@ -79,20 +94,36 @@ class RegressionSettings:
 
 
 def parse_thresholds(text: str) -> dict[str, float]:
-    """``"step_time:5%,peak_vram:2%"`` -> ``{"step_time": 0.05, "peak_vram": 0.02}``.
+    """``"step_time:5%,peak_vram:2%"`` -> ``{"step_time": 0.05, "peak_vram": 0.02}``: the
+    thresholds of ``parse_spec``."""
+    return parse_spec(text).thresholds
 
-    Only the metrics named are gated (``METRIC:off`` is accepted and gates nothing).
+
+def parse_spec(text: str) -> RegressionSpec:
+    """``"auto,step_time:2%,host_cpu:off"`` or ``"step_time:5%,kernels:0"``, read.
+
+    Without ``auto`` only the metrics named are gated (``METRIC:off`` is accepted and gates
+    nothing); with it, the default policy's too (``policy.py``), less those turned off.
     Raises ``ValueError`` naming the bad part.
     """
+    from pytest_gputrain.regression.policy import AUTO, BASE
+
     thresholds: dict[str, float] = {}
+    off: set[str] = set()
     seen: set[str] = set()
+    auto = False
     items = [item.strip() for item in str(text).split(",")]
     if not any(items):
         raise ValueError(f"{text!r} names no metric; e.g. {REGRESSION_EXAMPLE}")
     if len(items) == 1 and items[0].lower() in ("off", "none"):
-        return thresholds
+        return RegressionSpec({})
     for item in items:
         if not item:
+            continue
+        if item.lower() == AUTO:
+            if auto:
+                raise ValueError(f"'auto' appears twice in {text!r}")
+            auto = True
             continue
         metric, sep, value = item.partition(":")
         metric, value = metric.strip(), value.strip()
@@ -106,7 +137,7 @@ def parse_thresholds(text: str) -> dict[str, float]:
                              f"{REGRESSION_EXAMPLE}")
         seen.add(metric)
         if value.lower() in ("off", "none", "ignore"):
-            thresholds.pop(metric, None)
+            off.add(metric)
             continue
         from pytest_gputrain.units import parse_percent
 
@@ -115,7 +146,9 @@ def parse_thresholds(text: str) -> dict[str, float]:
         except ValueError:  # one clause: the item, what it should be, an example
             raise ValueError(f"{value!r} in {item!r} is not a percentage from 0 to 100; e.g. "
                              f"{REGRESSION_EXAMPLE}") from None
-    return thresholds
+    if auto:
+        thresholds = {**{m: t for m, t in BASE.items() if m not in off}, **thresholds}
+    return RegressionSpec(thresholds, auto, frozenset(off))
 
 
 def parse_alpha(value: object) -> float:
@@ -196,10 +229,10 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         compare = parse_run_name(compare_raw, for_save=False) if compare_raw else None
     except ValueError as exc:
         raise usage_error(config, "gpu_compare", str(exc)) from None
-    spec = read(config, "gpu_regression")
+    spec_text = read(config, "gpu_regression")
     try:
-        thresholds = parse_thresholds(spec) if spec not in (None, "") else \
-            dict(DEFAULT_THRESHOLDS)
+        spec = (parse_spec(spec_text) if spec_text not in (None, "") else
+                RegressionSpec(dict(DEFAULT_THRESHOLDS), auto=True))
     except ValueError as exc:
         raise usage_error(config, "gpu_regression", str(exc)) from None
     alpha_raw = read(config, "gpu_alpha")
@@ -254,7 +287,8 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
         outputs.claim(config, given_as(config, "gpu_store"),
                       [written_store] if written_store else [])
     return RegressionSettings(
-        save=save, compare=compare, thresholds=thresholds, alpha=alpha,
+        save=save, compare=compare, thresholds=spec.thresholds, auto=spec.auto, off=spec.off,
+        counters=read(config, "gpu_benchmark_counters") is not False, alpha=alpha,
         step_summary=step_summary, cannot_tell=cannot_tell,
         force=bool(read(config, "gpu_compare_force")), lookback=lookback,
         json_path=json_path, store=store,
