@@ -511,3 +511,25 @@ def test_the_benchmarks_section_counts_cannot_tell_apart_from_ok() -> None:
     assert re.search(r"1 ok,\s*1 cannot tell\s*\(cannot-tell policy: warn\)", untold_page)
     assert "step_time: CANNOT TELL" in untold_page
 
+
+
+def test_a_compared_test_shows_its_counters_base_beside_head() -> None:
+    """The gate's explanation of a test's per-step counters (sections.benchmarks.explanations)
+    sits in that test's own block, next to its timeline, opened where a counter rose."""
+    from test_regression_counters import ITEM, counted, sides
+
+    from pytest_gputrain.regression import explain
+
+    case = report_cases.benchmark_comparison()
+    (nodeid,) = case.sections["benchmarks"]["steps"]
+    explanation = explain.explain(nodeid, *sides(counted(), counted(
+        syncs=1, sync_sites=[{**ITEM, "code": "print(loss.item())"}])))
+    assert explanation is not None and explanation["changes"]
+    case.sections["benchmarks"]["explanations"] = [explanation]
+    page = build_page(case.report(), case.facts)
+    assert page.regression[nodeid]["explanation"] is explanation
+    html = report_html(case.report(), case.facts)
+    block = html[html.index('class="regression"'):]
+    block = block[:block.index("</div>")]
+    assert '<details class="explanation changed" open' in block
+    assert "+1 sync per step" in block and "print(loss.item())" in block

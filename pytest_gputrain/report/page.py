@@ -471,8 +471,21 @@ def build_page(report: Report, facts: FactsFile,
         outcomes_derived=results is None,
         outcome_counts=outcome_counts,
         common_notes=common,
-        regression={nodeid: {"baseline": baseline} for nodeid, baseline in baselines.items()},
+        regression=_regression_by_test(baselines, sections.get("benchmarks")),
     )
+
+
+def _regression_by_test(baselines: dict[str, dict[str, Any]],
+                        section: Any) -> dict[str, dict[str, Any]]:
+    """What the gate compared for each test: the baseline its steps lane overlays, and the
+    explanation of its per-step counters, base beside head (``regression.html.j2``)."""
+    found: dict[str, dict[str, Any]] = {
+        nodeid: {"baseline": baseline} for nodeid, baseline in baselines.items()}
+    explanations = section.get("explanations") if isinstance(section, dict) else None
+    for explanation in explanations or []:
+        if isinstance(explanation, dict) and explanation.get("nodeid"):
+            found.setdefault(str(explanation["nodeid"]), {})["explanation"] = explanation
+    return found
 
 
 def _ladder(section: dict[str, Any]) -> dict[str, Any]:
