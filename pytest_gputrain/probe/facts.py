@@ -179,14 +179,25 @@ class MemoryFacts(FactGroup):
 
 
 class SyncFacts(FactGroup):
-    """Host-device synchronisations the Python code asked for (item, cpu, tolist, ...)."""
+    """Host-device synchronisations the Python code asked for (item, cpu, tolist, ...,
+    torch.cuda.synchronize), by kind and call site (``collect/sync_calls.py``)."""
 
     method: str = fact(doc="how syncs were counted", default="python-wrappers")
-    total: int = fact(doc="syncing calls on CUDA tensors during the test", default=0)
+    total: int = fact(doc="syncing calls during the test: read-backs of CUDA tensors and "
+                          "explicit waits (torch.cuda.synchronize, Stream/Event.synchronize)",
+                      default=0)
     per_step: float | None = fact(doc="median syncing calls per steady step")
     max_per_step: int | None = fact(doc="most syncing calls in one step")
-    by_call: list[str] = Field(default_factory=list,
-                               description="count per call, most frequent first ('item: 200')")
+    by_call: list[str] = Field(
+        default_factory=list, description="count per kind of call, most frequent first "
+        "('Tensor.item: 200', 'torch.cuda.synchronize: 400')")
+    kinds: list[str] = Field(
+        default_factory=list, description="the kinds of syncing call seen, most frequent "
+        "first ('Tensor.item', 'torch.cuda.synchronize', 'Event.synchronize', ...)")
+    by_site: list[str] = Field(
+        default_factory=list, description="count per call site (the first caller outside torch), "
+        "most frequent first, at most 8 ('torch.cuda.synchronize at test_train.py:42 in "
+        "train_step: 400')")
     profiled_per_step: float | None = fact(
         doc="stream/device/event synchronizations per step seen by the profiler window")
     profiled_readbacks_per_step: float | None = fact(

@@ -15,7 +15,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.collect.sync_calls import SyncTally
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.frameworks import package_framework
 from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
@@ -96,18 +98,23 @@ class LoaderWaits:
 
 
 @dataclass(slots=True)
-class SyncCounts:
-    """Host-device syncs asked for from Python on CUDA tensors (``hooks.wrap_sync_method``)."""
+class SyncCounts(SyncTally):
+    """Host-device syncs asked for from Python (``collect/sync_calls.py``: ``pending`` since
+    the last step, ``by_kind``, ``by_site``), and those a framework's own code asked for."""
 
-    pending: int = 0  # since the last step
-    pending_wait: float = 0.0  # seconds the host spent inside them since the last step
-    by_call: dict[str, int] = field(default_factory=dict)
-    # Those whose caller (outside torch) is a framework's code (``frameworks.caller_framework``)
+    # Those whose caller (outside torch) is a framework's code (``frameworks.package_framework``)
     framework_pending: int = 0
-    by_framework: dict[str, int] = field(default_factory=dict)  # 'transformers: __bool__' -> n
+    by_framework: dict[str, int] = field(default_factory=dict)  # 'transformers: Tensor.__bool__'
     # Steps done when torch.compile began and the wrappers were taken out (None: counted to
     # the end); later steps' counts are not the code's syncs.
     stopped_at: int | None = None
+
+    def attribute(self, kind: str, module: object) -> None:
+        framework = package_framework(module)
+        if framework is not None:  # the framework's own habit, not the test's code
+            self.framework_pending += 1
+            key = f"{framework}: {kind}"
+            self.by_framework[key] = self.by_framework.get(key, 0) + 1
 
 
 class WatchMode(enum.Enum):

@@ -159,7 +159,7 @@ def test_no_hooks_left_after_the_previous_test():
     assert profile["tensor_core_percent"] > 50, profile["top_kernels"]
     assert profile["h2d_pinned_copies"] >= 8 and profile["h2d_pageable_copies"] == 0
     assert profile["syncs_per_step"] >= 5
-    assert run["sync"]["per_step"] == 5 and run["sync"]["by_call"] == ["item: 80"]
+    assert run["sync"]["per_step"] == 5 and run["sync"]["by_call"] == ["Tensor.item: 80"]
     memory = run["memory"]
     assert memory["peak_allocated"] > 0 and memory["peak_reserved"] >= memory["peak_allocated"]
     assert len(memory["allocated_per_step"]) == 16 and memory["total"] > 0
