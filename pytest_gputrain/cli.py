@@ -28,7 +28,7 @@ from pytest_gputrain import scopes
 from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
-from pytest_gputrain.engine.rules import RuleFileError, text_block
+from pytest_gputrain.engine.rules import COST_KINDS, Rule, RuleFileError, text_block
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.findings import Finding
 from pytest_gputrain.ini_settings import (
@@ -171,7 +171,7 @@ def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding]
 
 def cmd_rules(args: argparse.Namespace) -> int:
     engine = _engine(args)
-    rows = [(r.code, r.name, r.scope, r.severity, r.title) for r in engine.rules
+    rows = [(r.code, r.name, r.scope, severity_text(r), r.title) for r in engine.rules
             if args.scope in (None, r.scope)]
     print(printable(tabulate(rows, headers=("code", "name", "scope", "severity", "title"))))
     return 0
@@ -184,12 +184,22 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if rule is None:
         raise CliError(f"no rule {args.code!r}; `python -m pytest_gputrain rules` lists them")
     out = [f"{rule.code} {rule.name}: {rule.title}",
-           f"scope: {rule.scope}    severity: {rule.severity}    file: {rule.path}", ""]
+           f"scope: {rule.scope}    severity: {severity_text(rule)}    file: {rule.path}", ""]
 
     def section(title: str, body: str) -> None:
         out.extend([f"## {title}", text_block(body), ""])
 
     section("What it checks", rule.condition.source)
+    if rule.warning_when is not None:
+        section("A warning when its measured cost is large", rule.warning_when.source)
+    if rule.cost is not None:
+        section("Its cost, which a cause may explain",
+                f"{rule.cost}: {COST_KINDS[rule.cost]}. Where a finding of the session or of "
+                "the same test explains it, this finding defers to that one: it names it, "
+                "offers its fix and is information.")
+    if rule.explains:
+        section("The costs it explains", "\n".join(
+            f"- {kind}: {COST_KINDS[kind]}" for kind in rule.explains))
     section("Why is this bad", rule.why)
     if "example" in rule.docs:
         section("Example", rule.docs["example"])
@@ -208,6 +218,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         section("References", "\n".join(f"- {ref}" for ref in rule.references))
     print(printable("\n".join(out).rstrip()))  # a project's rule file may hold anything
     return 0
+
+
+def severity_text(rule: Rule) -> str:
+    """A rule's severity, and the warning its measured cost can make of an info finding."""
+    if rule.warning_when is not None:
+        return f"{rule.severity} (warning by measured cost)"
+    return rule.severity
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
