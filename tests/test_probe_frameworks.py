@@ -169,6 +169,8 @@ def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: s
     assert facts.steps == steps and facts.backwards == steps and facts.grad_forwards == steps
     assert facts.loader.batch_size == 12 and facts.loader.num_workers == 0
     assert facts.batch_tokens is None  # images, not token ids
+    # configure_optimizers takes every parameter: no gradient outside the optimizer (GT145)
+    assert facts.grads.unused_params == 0 and facts.grads.model_params
 
 
 @ignore_framework_warnings
@@ -187,6 +189,8 @@ def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
     assert facts.steps == steps and facts.backwards == steps
     assert facts.modules[0].name == "GPT2LMHeadModel"
     assert facts.loader.batch_size == 4 and facts.batch_tokens == 4 * 16
+    # the Trainer's optimizer holds every parameter that requires a gradient (GT145 quiet)
+    assert facts.grads.unused_params == 0 and facts.grads.model_params
 
 
 # -- a framework's checkpoint every step: its whole save counts, torch.save inside it once -----

@@ -15,7 +15,11 @@ What is installed (and only while a diagnosed test's call phase runs):
   the GPU, never a sync);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
-  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
+  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training)
+  and of ``torch.profiler.profile.start`` / ``stop`` / ``step`` (the time a profiler of the
+  test's own took to start and to process its events, ``instrument_readings.ProfilerTimes``),
+  and of ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` (the clipping in force
+  when a loss diverges, GT146);
 - wrappers of the Python-level syncing calls (``collect/sync_calls.py``: the tensor methods
   ``item``, ``tolist``, ``cpu``, ``__bool__``, ``__float__``, ``__int__`` on CUDA tensors, and
   ``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``), counted by kind and
@@ -61,12 +65,23 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.collect.sync_calls import SyncTally, sync_wrappers
+from pytest_gputrain.probe.instrument_readings import PROFILER_METHODS, ProfilerTimes
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
 DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
+# torch.nn.utils' gradient clipping (Lightning's gradient_clip_val and the Hugging Face Trainer's
+# max_norm call it there), and the kind each clips by.
+CLIPPING = (("clip_grad_norm_", "norm"), ("clip_grad_value_", "value"))
+
+
+def _limit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The max_norm / clip_value of a clipping call (its second argument)."""
+    if len(args) > 1:
+        return args[1]
+    return kwargs.get("max_norm", kwargs.get("clip_value"))
 
 
 class Patches:
@@ -388,7 +403,8 @@ class Installation:
 
     def install_truth_wrappers(self) -> None:
         """Wrappers that keep the facts true to the test: its own memory peaks across a reset
-        it makes, and the debugging APIs it calls while training."""
+        it makes, and the debugging APIs it calls while training (gradcheck, the start and
+        stop of a profiler of its own)."""
         probe = self.probe
         memory = getattr(self.torch.cuda, "memory", None)
         reset = getattr(memory, "reset_peak_memory_stats", None)
@@ -405,6 +421,15 @@ class Installation:
                 self.patches.set(autograd, name,
                                  wrap_before(original, lambda *a, **k: probe.on_gradcheck(),
                                              probe))
+        for owner, name, wrapper in ProfilerTimes(probe.record.settings).wrappers(self.torch):
+            self.patches.set(owner, name, wrapper)
+        utils = self.torch.nn.utils
+        for name, kind in CLIPPING:
+            original = getattr(utils, name, None)
+            if callable(original):
+                self.patches.set(utils, name, wrap_before(
+                    original, lambda *a, _kind=kind, **k: probe.on_clip(_kind, _limit(a, k)),
+                    probe))
 
     def install_habit_hooks(self) -> None:
         """Optimizer step timing, zero_grad, empty_cache and GradScaler.scale (the optimizer,
@@ -511,6 +536,8 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     owners += [(owner, method) for owner, method, _ in framework_checkpoint_methods()]
     owners += [(owner, name) for owner, name, _ in sync_wrappers(torch, SyncTally())]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
+    owners += [(torch.profiler.profile, name) for name in PROFILER_METHODS]
+    owners += [(torch.nn.utils, name) for name, _ in CLIPPING]
     owners += [(torch.cuda, "reset_peak_memory_stats"),
                (torch.cuda.memory, "reset_peak_memory_stats")]
     owners += [(torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),
