@@ -29,6 +29,7 @@ from torch import nn
 
 from pytest_gputrain.probe import instrument_readings, run, torch_hooks
 from pytest_gputrain.probe.facts import RunFacts
+from pytest_gputrain.probe.habit_facts_builder import instrument_facts
 
 F = nn.functional
 
@@ -135,9 +136,17 @@ def test_verbose_compile_logging_turned_on_inside_the_test_is_read() -> None:
 
     facts = _probed(logged)
     assert facts.compile_logs == "dynamo=DEBUG, output_code"  # graph_breaks is cheap
+    assert facts.instruments == []  # nothing compiled: the logging cost nothing
+    facts.compile.used, facts.compile.compiles = True, 2
+    record = SimpleNamespace(settings=SimpleNamespace(
+        user_profiler_kinds=[], user_profiled=[], anomaly_steps=[], snapshots=[],
+        user_profiler_setup_time=0.0, user_profiler_steps=0), steps=SimpleNamespace(times=[]),
+        duration=1.0)
+    facts.instruments = []
+    instrument_facts(facts, record, [])  # type: ignore[arg-type]
     assert facts.instruments == [
         "verbose torch.compile logging (dynamo=DEBUG, output_code): whole graphs and generated "
-        "code printed at each compilation, 0 compilation(s) in the test"]
+        "code printed at each compilation, 2 compilation(s) in the test"]
     assert _probed(lambda: _steps(model, optimizer, 4)).compile_logs == ""
 
 

@@ -253,7 +253,7 @@ def instrument_facts(run: RunFacts, record: RunRecord, steady: list[int]) -> Non
     for name, on, words in INSTRUMENT_NAMES:
         if getattr(run, name) == on:
             run.instruments.append(f"{words}: {_instrument_work(name, run)}")
-    if run.compile_logs:
+    if run.compile_logs and run.compile.used:  # logs cost nothing where nothing compiles
         run.instruments.append(
             f"verbose torch.compile logging ({run.compile_logs}): whole graphs and generated "
             f"code printed at each compilation, {_count(run.compile.compiles)} compilation(s) "
