@@ -283,21 +283,59 @@ def test_gradient_accumulation_and_a_progressive_unfreeze_are_quiet() -> None:
     _quiet(_probed(lambda: _steps(model, optimizer, 10, unfreeze)).grads)
 
 
-def test_a_teacher_no_optimizer_trains_is_left_out() -> None:
+def test_a_teacher_under_no_grad_is_quiet_and_one_under_grad_mode_is_found() -> None:
     student, teacher = nn.Linear(16, 4), nn.Linear(16, 4)
     optimizer = torch.optim.SGD(student.parameters(), lr=0.01)
 
-    def distill() -> None:
+    def distill(teacher_grad: bool) -> None:
         for _ in range(6):
             x = torch.randn(8, 16)
-            loss = F.mse_loss(student(x), teacher(x))  # the teacher gets gradients too
+            with torch.set_grad_enabled(teacher_grad):
+                target = teacher(x)
+            loss = F.mse_loss(student(x), target)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
 
-    grads = _probed(distill).grads
-    _quiet(grads)
-    assert grads.model_params == 16 * 4 + 4  # the student only
+    _quiet(_probed(lambda: distill(False)).grads)
+    grads = _probed(lambda: distill(True)).grads  # the teacher's gradients, for nothing
+    assert grads.unused_params == 16 * 4 + 4
+    assert grads.unused_modules == ["Linear: 68 parameters, 272 B of gradients"]
+
+
+def test_a_backbone_and_a_head_called_one_after_the_other() -> None:
+    backbone = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 128))
+    head = nn.Linear(128, 4)
+    optimizer = torch.optim.SGD(head.parameters(), lr=0.01)
+
+    def train() -> None:
+        for _ in range(6):
+            loss = head(backbone(torch.randn(8, 16))).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    grads = _probed(train).grads
+    assert grads.unused_params == 16 * 128 + 128 + 128 * 128 + 128 and grads.unused_ahead
+    assert grads.unused_modules == ["Sequential.2: 16,512 parameters, 64.5 KiB of gradients",
+                                    "Sequential.0: 2,176 parameters, 8.5 KiB of gradients"]
+
+
+def test_an_optimizer_holding_none_of_the_modules_parameters_is_left_alone() -> None:
+    model = nn.Linear(16, 4)
+    masters = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
+    optimizer = torch.optim.SGD(masters, lr=0.01)  # fp32 master copies, as apex O2 keeps
+
+    def train() -> None:
+        for _ in range(6):
+            optimizer.zero_grad()
+            model(torch.randn(8, 16)).sum().backward()
+            for master, param in zip(masters, model.parameters(), strict=True):
+                master.grad = param.grad
+            optimizer.step()
+
+    grads = _probed(train).grads
+    assert grads.unused_params is None and "no called module" in grads.unknown["unused_params"]
 
 
 # -- the loss's values, the learning rate and the clipping ---------------------------------------

@@ -4,13 +4,15 @@ updates them (a fine-tune that puts only the head in the optimizer and leaves th
 
 Read once, at a step boundary after the warm-up (the optimizer step post hook: the backward has
 just filled ``.grad`` and the step has used it), over the parameters of the top-level modules
-the test called: for each, whether it requires a gradient, whether ``.grad`` holds one, and
-whether an optimizer stepped so far holds it. Only metadata is read (no CUDA call, no sync). A
-module none of whose parameters an optimizer holds is left out: it is not trained by these
-optimizers (a teacher, an EMA copy), or its optimizer keeps master copies of its parameters
-(fp32 master weights). When the test ends the parameters found are checked again against every
-optimizer stepped by then (a second optimizer that steps every few iterations, a progressive
-unfreeze that adds a parameter group): only those no optimizer ever held count.
+the test called (a model, or a backbone and a head called one after the other): for each,
+whether it requires a gradient, whether ``.grad`` holds one, and whether an optimizer stepped so
+far holds it. Only metadata is read (no CUDA call, no sync). Where the optimizers hold none of
+these parameters at all, nothing is counted: they keep master copies (fp32 master weights) or
+train other tensors. A frozen teacher or an EMA copy run under ``no_grad`` gets no gradient; one
+run under grad mode, whose gradients nobody uses, is counted. When the test ends the parameters
+found are checked again against every optimizer stepped by then (a second optimizer that steps
+every few iterations, a progressive unfreeze that adds a parameter group): only those no
+optimizer ever held count.
 
 The gradient memory is exact (``grad.numel() * grad.element_size()`` of each). The backward time
 is not measured per parameter; ``grad_facts`` estimates it from the share of the model's
@@ -20,6 +22,7 @@ parameters and the GPU's time per step.
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 from pytest_gputrain.probe.module_readings import innermost
 from pytest_gputrain.probe.run_record import RunRecord, UnusedGradient
@@ -53,34 +56,40 @@ def _read(record: RunRecord) -> None:
     readings = record.grads
     readings.read_at = len(record.steps.times)
     held = optimizer_parameters(record)
+    # Every parameter of the called modules once, in the order the modules were first called,
+    # named by its module's class where several modules were called (head.weight: Linear).
+    named: list[tuple[str, Any]] = []
     seen: set[int] = set()
-    for state in record.forwards.modules.values():
+    states = [state for state in record.forwards.modules.values() if state.parameters]
+    for state in states:
         module = state.ref()
-        if module is None or not state.parameters:
+        if module is None:
             continue
-        inner = innermost(module)
-        named = [(name, param) for name, param in inner.named_parameters()
-                 if id(param) not in seen]
-        seen.update(id(param) for _, param in named)
-        if not any(id(param) in held for _, param in named):
-            continue  # not trained by these optimizers (or trained through master copies)
-        # A parameter registered before every trained one sits ahead of them in the forward
-        # (the backbone before the head): freezing it saves its whole backward, the gradient
-        # of its input too; one after a trained one still passes its input's gradient on.
-        first_trained = min(i for i, (_, param) in enumerate(named) if id(param) in held)
-        for index, (name, param) in enumerate(named):
-            count = int(param.numel())
-            readings.model_params += count
-            if id(param) in held:
-                readings.trained_params += count
-                continue
-            grad = param.grad
-            if not param.requires_grad or grad is None:
-                continue
-            readings.unused.append(UnusedGradient(
-                ref=weakref.ref(param), name=name, params=count,
-                grad_bytes=int(grad.numel()) * int(grad.element_size()),
-                ahead=index < first_trained))
+        prefix = f"{state.name}." if len(states) > 1 else ""
+        for name, param in innermost(module).named_parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                named.append((prefix + name, param))
+    trained = [i for i, (_, param) in enumerate(named) if id(param) in held]
+    if not trained:
+        return  # the optimizers hold none of them: fp32 master copies, or not these modules
+    # A parameter before every trained one sits ahead of them in the forward (the backbone
+    # before the head): freezing it saves its whole backward, the gradient of its input too;
+    # one after a trained one still passes its input's gradient on.
+    first_trained = trained[0]
+    for index, (name, param) in enumerate(named):
+        count = int(param.numel())
+        readings.model_params += count
+        if id(param) in held:
+            readings.trained_params += count
+            continue
+        grad = param.grad
+        if not param.requires_grad or grad is None:
+            continue
+        readings.unused.append(UnusedGradient(
+            ref=weakref.ref(param), name=name, params=count,
+            grad_bytes=int(grad.numel()) * int(grad.element_size()),
+            ahead=index < first_trained))
 
 
 def check_at_end(record: RunRecord) -> None:
@@ -102,10 +111,12 @@ def check_at_end(record: RunRecord) -> None:
 
 def unused_by_module(entries: list[UnusedGradient]) -> dict[str, tuple[int, int]]:
     """(parameters, gradient bytes) by the module the parameters belong to: the first part of
-    their names (``backbone`` of ``backbone.layer1.0.conv1.weight``), largest first."""
+    their names (``backbone`` of ``backbone.layer1.0.conv1.weight``; with several modules
+    called, their class and its first part: ``Sequential.0``), largest first."""
     groups: dict[str, list[int]] = {}
     for entry in entries:
-        head = entry.name.split(".", 1)[0]
+        parts = entry.name.split(".")
+        head = ".".join(parts[:2]) if len(parts) > 2 and parts[0][:1].isupper() else parts[0]
         totals = groups.setdefault(head, [0, 0])
         totals[0] += entry.params
         totals[1] += entry.grad_bytes
