@@ -179,8 +179,9 @@ def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
         params = dict(rule.params)
         for name, text in config.params.get(rule.code, {}).items():
             params[name] = coerce_param(rule, name, text)
-        result.append(replace(rule, severity=config.severity.get(rule.code, rule.severity),
-                              params=params))
+        if rule.code in config.severity:  # the project's severity holds whatever the cost
+            rule = replace(rule, severity=config.severity[rule.code], warning_when=None)
+        result.append(replace(rule, params=params))
     if rules and not result:
         raise SettingError("gpu_select / gpu_ignore", f"the two leave no rule to run (select "
                            f"{' '.join(config.select) or 'ALL'}, ignore "

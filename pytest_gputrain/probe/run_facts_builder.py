@@ -36,6 +36,8 @@ from pytest_gputrain.probe.habit_facts_builder import (
     checkpoint_facts,
     compile_facts,
     ddp_facts,
+    grad_facts,
+    instrument_facts,
     loss_facts,
     mode_and_cache_facts,
     optimizer_facts,
@@ -104,6 +106,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.grad_forwards = forwards.grad
     run.no_grad_forwards = forwards.no_grad
     run.autocast_forwards = forwards.autocast
+    run.autocast_other_forwards = forwards.autocast_other
+    run.autocast_other_devices = list(forwards.autocast_other_devices)
     run.backwards = forwards.backwards
     run.forwards_without_backward = forwards.without_backward
     run.param_devices = list(devices.param_devices)
@@ -142,6 +146,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.checkpoint = checkpoint_facts(record)
     run.loss = loss_facts(record)
     run.amp = amp_facts(record)
+    instrument_facts(run, record, steady)
+    run.grads = grad_facts(record, run.profile.kernel_time_per_step, run.step_time)
     run.probe_errors = list(record.errors)
     return run
 
@@ -159,7 +165,7 @@ def _settings(run: RunFacts, record: RunRecord, process: ProcessReadings) -> Non
             setattr(run, key, value)
     run.settings_reads = timeline.reads
     run.settings_changes = changes
-    run.anomaly_backwards = timeline.anomaly_backwards
+    run.anomaly_backwards = len(timeline.anomaly_steps)
     run.gradcheck_calls = timeline.gradcheck_calls
     run.user_profiler_steps = timeline.user_profiler_steps
     if record.steps.times:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_gputrain.engine.expr import CaseLabel, read_template
-from pytest_gputrain.engine.rules import Rule
+from pytest_gputrain.engine.rules import COST_KINDS, Rule
 from pytest_gputrain.report.text import wrap
 
 _ITEM = re.compile(r"(?:[-*]|\d+\.) ")
@@ -29,13 +29,24 @@ def rule_doc_lines(rule: Rule, width: int, case_label: CaseLabel | None = None,
                    cwd: Path | None = None) -> list[str]:
     """``explain``'s text of ``rule``, every line at most ``width`` wide (a URL excepted)."""
     out = [*wrap(f"{rule.code} {rule.name}: {rule.title}", width, CONTINUATION, first=""),
-           f"scope: {rule.scope}, severity: {rule.severity}",
+           f"scope: {rule.scope}, severity: {severity_text(rule)}",
            *wrap(f"file: {_shown_path(rule.path, cwd)}", width, CONTINUATION, first=""), ""]
 
     def section(title: str, lines: Sequence[str]) -> None:
         out.extend([f"## {title}", *lines, ""])
 
     section("What it checks", block_lines(rule.condition.source, width, code=True))
+    if rule.warning_when is not None:
+        section("A warning when its measured cost is large",
+                block_lines(rule.warning_when.source, width, code=True))
+    if rule.cost is not None:
+        section("Its cost, which a cause may explain", block_lines(
+            f"{rule.cost}: {COST_KINDS[rule.cost]}. Where a finding of the session or of the "
+            "same test explains it, this finding defers to that one: it names it, offers its "
+            "fix and is information.", width))
+    if rule.explains:
+        section("The costs it explains", block_lines("\n".join(
+            f"- {kind}: {COST_KINDS[kind]}" for kind in rule.explains), width, items=True))
     section("Why is this bad", block_lines(rule.why, width))
     if "example" in rule.docs:
         section("Example", block_lines(rule.docs["example"], width))
@@ -58,6 +69,13 @@ def rule_doc_lines(rule: Rule, width: int, case_label: CaseLabel | None = None,
     while out and not out[-1]:
         out.pop()
     return out
+
+
+def severity_text(rule: Rule) -> str:
+    """A rule's severity, and the warning its measured cost can make of an info finding."""
+    if rule.warning_when is not None:
+        return f"{rule.severity} (warning by measured cost)"
+    return rule.severity
 
 
 def fix_lines(rule: Rule, width: int, case_label: CaseLabel | None = None) -> list[str]:
@@ -135,13 +153,13 @@ def catalogue_lines(rules: Sequence[Rule], width: int) -> list[str]:
     indented, wrapped to ``width``."""
     from tabulate import tabulate
 
-    table = tabulate([(r.code, r.name, r.scope, r.severity, r.title) for r in rules],
+    table = tabulate([(r.code, r.name, r.scope, severity_text(r), r.title) for r in rules],
                      headers=("code", "name", "scope", "severity", "title")).splitlines()
     if all(len(line) <= width for line in table):
         return table
     out = []
     for rule in rules:
-        out += fit(f"{rule.code}  {rule.severity:<7}  {rule.scope:<11}  {rule.name}", width,
+        out += fit(f"{rule.code}  {severity_text(rule):<7}  {rule.scope:<11}  {rule.name}", width,
                    " " * 7)
         out += wrap(rule.title, width, indent=" " * 7)
     return out
