@@ -160,8 +160,11 @@ def test_ctrl_c_while_writing_a_report_writes_the_rest_and_exits_as_interrupted(
 
 
 def test_ctrl_c_while_judging_still_writes_the_facts(pytester: pytest.Pytester) -> None:
+    # The rules are judged once at the start (the environment, for the header) and again at the
+    # end with the tests' records: Ctrl-C comes in that last judgement.
     pytester.makeconftest(INTERRUPT_CONFTEST.format(
-        module="pytest_gputrain.engine.evaluate", name="RuleEngine.evaluate_environment"))
+        module="pytest_gputrain.diagnosis", name="DiagnosisSession.findings")
+        .replace("= _interrupted", "= property(_interrupted)"))
     pytester.makepyfile("def test_ok(): pass")
     result = pytester.runpytest_subprocess("--gpu-report=report.json",
                                            "--gpu-facts-out=facts.json")
