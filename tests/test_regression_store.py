@@ -439,13 +439,28 @@ def test_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_describe_hides_passwords() -> None:
     assert describe("postgresql://u:pw@h:5/db?sslmode=require") == \
         "postgresql://u:***@h:5/db?sslmode=require"
-    assert describe("postgresql://h/db?password=pw&user=u") == \
-        "postgresql://h/db?password=***&user=u"
+    # Every parameter libpq itself hides, wherever it is written.
+    assert describe("postgresql://h/db?password=pw&user=u&sslpassword=key") == \
+        "postgresql://u:***@h/db?sslpassword=***"
     assert describe(Path("a/b.sqlite")) == "a/b.sqlite"
-    # A URL that cannot be taken apart still hides what looks like a password.
-    assert describe("postgresql://u:pw@[::1/db?password=x") == \
-        "postgresql://u:***@[::1/db?password=***"
-    assert describe("postgresql://[::1") == "postgresql://[::1"
+    # libpq reads a raw # into the password (issue 29): so does the redaction.
+    assert describe("postgresql://leak:Sekr1t#PW-88@/db?host=/path/to/sock") == \
+        "postgresql://leak:***@/db?host=/path/to/sock"
+    # A URL libpq cannot read, or reads as what cannot have been meant (a raw / or @ in a
+    # password ends the user part early), shows nothing after its scheme.
+    for url in ("postgresql://u:pw@[::1/db?password=x", "postgresql://[::1",
+                "postgresql://u:pa/ss@h/db", "postgresql://u:p@ss@h/db",
+                "postgres://u:pw@h/db?nonsense=1"):
+        assert describe(url) == url.split("://")[0] + "://***", url
+
+
+def test_describe_without_psycopg_shows_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setitem(sys.modules, "psycopg.conninfo", None)
+    assert describe("postgresql://ci:s3cret@db.example.com/bench") == "postgresql://***"
+    assert describe(Path("b.sqlite")) == "b.sqlite"
 
 
 def test_store_locations(tmp_path: Path) -> None:
@@ -459,8 +474,8 @@ def test_store_locations(tmp_path: Path) -> None:
     assert resolve_store(None, tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
     assert resolve_store("  ", tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
     assert resolve_store("b.sqlite", tmp_path, root) == tmp_path / "b.sqlite"
-    with pytest.raises(ValueError, match=r"^'postgresql://u:\*\*\*@\[::1' is not a valid "
-                                         r"PostgreSQL URL \(Invalid IPv6 URL\); e\.g\. "):
+    with pytest.raises(ValueError, match=r"^postgresql://\*\*\* is not a valid PostgreSQL URL: "
+                                         r"libpq cannot read it as meant \(not shown"):
         parse_location("postgresql://u:pw@[::1", tmp_path)
     with pytest.raises(ValueError, match=r"^'mysql':// is not a store this version knows"):
         parse_location("mysql://db/x", tmp_path)

@@ -28,7 +28,12 @@ from pytest_gputrain.regression.store import (
     classify_marker,
     now,
 )
-from pytest_gputrain.regression.store_location import describe
+from pytest_gputrain.regression.store_location import (
+    UnreadableUrl,
+    describe,
+    libpq_parameters,
+    redact,
+)
 from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
     SCHEMA_VERSION,
@@ -72,27 +77,26 @@ def _sql(text: str) -> str:
 
 def connect(url: str) -> psycopg.Connection[Any]:
     """An autocommit connection with ``gputrain`` first on the search path; ``StoreError``
-    naming the server (never the password) when the URL is bad or the server cannot be
-    reached."""
+    naming the server (never a password, ``store_location.describe``) when the URL is bad or
+    the server cannot be reached."""
     psycopg = _psycopg()
     where = describe(url)
     try:
-        parameters = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise StoreError(f"gpu_store {where!r} is not a valid PostgreSQL URL ({exc}); e.g. "
-                         "postgresql://ci@db.example.com:5432/benchmarks") from None
+        parameters = libpq_parameters(url)
+    except UnreadableUrl as exc:
+        raise StoreError(f"gpu_store {where} {exc}") from None
     parameters.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     parameters["autocommit"] = True
     try:
         connection = psycopg.connect(**parameters)
     except psycopg.Error as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = redact(" ".join(str(exc).split()) or type(exc).__name__, url)
         raise StoreError(f"cannot connect to the PostgreSQL store {where}: {reason}") from None
     try:
         connection.execute(f"SET search_path TO {SCHEMA_NAME}, public")
     except psycopg.Error as exc:
         connection.close()
-        raise StoreError(f"{where}: {exc}") from None
+        raise StoreError(f"{where}: {redact(str(exc), url)}") from None
     return connection  # type: ignore[no-any-return]
 
 
