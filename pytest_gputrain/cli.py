@@ -25,7 +25,12 @@ from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_gputrain import scopes
-from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
+from pytest_gputrain.diagnosis_settings import (
+    FAIL_ON,
+    ReportTarget,
+    parse_fail_on,
+    parse_report_target,
+)
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError, text_block
@@ -43,6 +48,7 @@ from pytest_gputrain.units import printable
 
 class CliError(Exception):
     pass
+
 
 
 def _project(args: argparse.Namespace) -> ProjectSettings:
@@ -115,6 +121,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from pytest_gputrain.report.model import build_report, fails, report_json
     from pytest_gputrain.report.terminal import findings_lines, header_lines
 
+    targets = _report_targets(args.report or [])  # checked before the facts are read
     facts = load_facts(Path(args.path))
     engine = _engine(args)
     fail_on = _fail_on(args)
@@ -126,7 +133,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         where = ".".join(str(p) for p in first["loc"])
         raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
                        f"({exc.error_count()} problem(s))") from None
-    _write_reports(args.report or [], facts, findings, fail_on)
+    _write_reports(targets, facts, findings, fail_on)
     # The records are judged: let them go before the report is built (most of the memory a
     # replay takes is the file's records, parsed).
     environment = facts.environment
@@ -143,18 +150,34 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if fails(findings, fail_on) else 0
 
 
-def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding],
+def _report_targets(texts: list[str]) -> list[ReportTarget]:
+    """``--report FORMAT:PATH`` values, each path checked as ``--gpu-report``'s are
+    (``outputs.Claims``: a file that can be created or replaced, a device or a pipe; never
+    under /proc or /sys, never one file twice)."""
+    from pytest_gputrain.outputs import Claims, OutputPathError
+
+    targets = []
+    for text in texts:
+        try:
+            targets.append(parse_report_target(text, Path.cwd(), os.environ))
+        except ValueError as exc:
+            raise CliError(f"--report: {exc}") from None
+    try:
+        Claims().claim("--report", [target.path for target in targets])
+    except OutputPathError as exc:
+        raise CliError(str(exc)) from None
+    return targets
+
+
+def _write_reports(targets: list[ReportTarget], facts: FactsFile, findings: list[Finding],
                    fail_on: str) -> None:
-    """``--report FORMAT:PATH`` files, as ``--gpu-report`` writes them (the HTML page too)."""
+    """The ``--report`` files, written as ``--gpu-report`` writes them (the HTML page too),
+    each said on stderr (stdout holds the replay's own report)."""
     from pytest_gputrain.outputs import append_text, write_output
     from pytest_gputrain.report.markdown import report_markdown
     from pytest_gputrain.report.model import build_report, report_json
 
-    for text in targets:
-        try:
-            target = parse_report_target(text, Path.cwd(), os.environ)
-        except ValueError as exc:
-            raise CliError(f"--report: {exc}") from None
+    for target in targets:
         report = build_report(facts.environment, findings, fail_on)
         if target.format == "html":
             from pytest_gputrain.report.html import report_html
@@ -167,6 +190,7 @@ def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding]
         except OSError as exc:
             raise CliError(f"--report: could not write {target.path}: "
                            f"{exc.strerror or exc}") from None
+        print(f"gputrain: report written to {target.path}", file=sys.stderr)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:

@@ -243,13 +243,16 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                      "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
                      "runs only the tests that use gpu_benchmark, the other skips them)")
     json_path = _path(config, "gpu_benchmark_json", "--gpu-benchmark-json")
-    written_store = store if isinstance(store, Path) and (save or compare) else None
-    if json_path or written_store:  # loaded only then: a plain run does not pay for it
+    used_store = store if isinstance(store, Path) and (save or compare) else None
+    if json_path or used_store:  # loaded only then: a plain run does not pay for it
         from pytest_gputrain import outputs
 
         outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
                       [json_path] if json_path else [])
-        outputs.claim(config, "gpu_store / --gpu-store", [written_store] if written_store else [])
+        # No output may take the store; the store's own checks (a regular file, in a folder
+        # it can be made in) come when it is opened.
+        outputs.keep(config, "gpu_store / --gpu-store", [used_store] if used_store else [],
+                     "write" if save else "read")
     return RegressionSettings(
         save=save, compare=compare, thresholds=thresholds, alpha=alpha,
         step_summary=step_summary, cannot_tell=cannot_tell,
