@@ -49,7 +49,7 @@ from pytest_gputrain.regression.settings import (
     parse_thresholds,
 )
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
 
 # The exit status that asks the sequential recipe for another pair of sessions.
 MORE_SESSIONS = 3
@@ -185,7 +185,7 @@ def _compare(args: argparse.Namespace) -> GateReport:
             change_points.check_available()
         except change_points.ChangePointsUnavailable as exc:
             raise CompareError(f"--lookback: {exc}") from None
-    with open_store(locate(args.store), create=False) as store:
+    with open_for_reading(locate(args.store)) as store:
         report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current,
                             session_budget=args.max_sessions)
         report.current_runs = _select(store, args.current, None)

@@ -30,7 +30,7 @@ from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
 from pytest_gputrain.regression.options import DEFAULT_STORE, METRICS
 from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
 from pytest_gputrain.regression.store_location import Location, parse_location, resolve_store
 from pytest_gputrain.units import printable, shown
 
@@ -134,7 +134,7 @@ def _history(args: argparse.Namespace) -> int:
 
         return show_changes(args, locate(args.store))
     limit = args.limit or LIST_LIMIT
-    with open_store(locate(args.store), create=False) as store:
+    with open_for_reading(locate(args.store)) as store:
         where = store.where
         if args.test:
             entries = store.history(args.test, name=args.name)[-limit:]

@@ -26,7 +26,7 @@ from pytest_gputrain.regression.change_text import format_confidence, format_val
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
 from pytest_gputrain.regression.options import METRICS
 from pytest_gputrain.regression.store import Store
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
 from pytest_gputrain.regression.store_location import Location
 from pytest_gputrain.units import parse_percent, printable
 
@@ -82,7 +82,7 @@ def load(store: Store, args: argparse.Namespace) -> list[Series]:
 
 
 def show_changes(args: argparse.Namespace, location: Location) -> int:
-    with open_store(location, create=False) as store:
+    with open_for_reading(location) as store:
         series = load(store, args)
         where = store.where
     if args.html:

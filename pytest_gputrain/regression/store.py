@@ -41,6 +41,12 @@ class StoreError(Exception):
     """The store cannot be used as it is (foreign, damaged, newer, unreachable, unreadable)."""
 
 
+# A name or test id looked up that holds bytes the command line could not decode as UTF-8
+# (Python keeps them as lone surrogates): nothing the store holds can match it.
+NOT_TEXT = ("{where}: a name or test id looked up is not UTF-8 text (the command line held "
+            "bytes that are not); nothing saved can match it")
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_gputrain.regression.store import (
     APPLICATION,
+    NOT_TEXT,
     Store,
     StoreError,
     Writer,
@@ -173,6 +174,27 @@ class PostgresStore(Store):
             raise StoreError(f"{store.where}: {exc}") from None
         return store
 
+    @classmethod
+    def open_for_reading(cls, url: str) -> PostgresStore:
+        """Open an existing store to read it: its session reads only
+        (``default_transaction_read_only``), and a missing or empty schema is an error, never
+        created."""
+        psycopg = _psycopg()
+        connection = connect(url)
+        store = cls(url, connection)
+        try:
+            connection.execute("SET default_transaction_read_only = on")
+            if _classify(connection, store.where) != "ours":
+                raise StoreError(f"no benchmark store in {store.where} (no saved run in a "
+                                 f"{SCHEMA_NAME!r} schema; save a run first: --gpu-save=NAME)")
+        except StoreError:
+            connection.close()
+            raise
+        except psycopg.Error as exc:
+            connection.close()
+            raise StoreError(f"{store.where}: {exc}") from None
+        return store
+
     def _initialise(self) -> None:
         """Create the schema under an advisory lock (inside ``_write``'s transaction), after
         checking again: another runner may have created it meanwhile."""
@@ -217,3 +239,5 @@ class PostgresStore(Store):
             return [tuple(row) for row in cursor.fetchall()]
         except psycopg.Error as exc:
             raise StoreError(f"{self.where}: could not read: {exc}") from None
+        except UnicodeEncodeError:
+            raise StoreError(NOT_TEXT.format(where=self.where)) from None
