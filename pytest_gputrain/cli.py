@@ -278,17 +278,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        metavar="CODE.PARAM=VALUE", help="instead of gpu_rule_param")
         p.add_argument("--rules-dir", action="append", type=not_empty, metavar="DIR",
                        help="extra rule folder (instead of gpu_rules_dir)")
-        p.add_argument("--rootdir", metavar="DIR", help="the project's rootdir, as pytest's "
-                       "--rootdir (default: found from the current directory, as pytest does)")
-        p.add_argument("-c", "--config-file", metavar="FILE", help="the project's ini file, "
-                       "as pytest's -c (default: found as pytest finds it)")
+        p.add_argument("--rootdir", metavar="DIR", type=not_empty,
+                       help="the project's rootdir, as pytest's --rootdir (default: found from "
+                            "the current directory, as pytest does)")
+        p.add_argument("-c", "--config-file", metavar="FILE", type=not_empty,
+                       help="the project's ini file, as pytest's -c (default: found as pytest "
+                            "finds it)")
 
     replay = sub.add_parser(
         "replay", help="run the rules on facts recorded by --gpu-facts-out",
         description="Run the rules on a facts file written by `pytest --gpu-diagnose "
                     "--gpu-facts-out=FILE`, on any machine: the findings are those the recording "
                     "machine would get. Exits 1 when a finding reaches --fail-on.")
-    replay.add_argument("path", metavar="FACTS_FILE",
+    replay.add_argument("path", metavar="FACTS_FILE", type=not_empty,
                         help="the JSON file written by --gpu-facts-out")
     replay.add_argument("--format", choices=("text", "json", "md"), default="text",
                         help="text: the terminal report (default); json: the --gpu-report "
@@ -296,7 +298,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     replay.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="default: the ini file's gpu_fail_on, else error")
     replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
-    replay.add_argument("--report", action="append", metavar="FORMAT:PATH",
+    replay.add_argument("--report", action="append", metavar="FORMAT:PATH", type=not_empty,
                         help="also write a report file, as pytest's --gpu-report: html:PATH "
                              "(the page with each test's timeline), json:PATH or md:PATH, or a "
                              "path ending in .html, .json or .md; repeatable")
@@ -318,8 +320,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "and what to write instead, the fix, its options and references. Any rule, "
                     "whatever gpu_select and gpu_ignore choose; its severity and options are this "
                     "project's (gpu_severity, gpu_rule_param).")
-    explain.add_argument("code", metavar="CODE", help="a rule's code (GT007) or name "
-                         "(other-processes-hold-vram)")
+    explain.add_argument("code", metavar="CODE", type=not_empty,
+                         help="a rule's code (GT007) or name (other-processes-hold-vram)")
     rule_options(explain, selection=False)
     explain.set_defaults(func=cmd_explain)
 

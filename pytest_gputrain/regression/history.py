@@ -23,6 +23,7 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.options import not_empty
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
@@ -51,26 +52,29 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "test's history on a branch (a run name); --html DIR writes them as a "
                     "static site.")
     add_store_argument(parser)
-    parser.add_argument("--name", help="only runs saved under this name (a branch)")
+    parser.add_argument("--name", type=not_empty, help="only runs saved under this name (a branch)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help=f"at most N runs (default "
                         f"{LIST_LIMIT}; with --changes or --html each test's newest N results, "
                         f"default {DEFAULT_LIMIT}; at most {MAX_LIMIT})")
-    parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
-    parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
+    parser.add_argument("--test", metavar="NODEID", type=not_empty,
+                        help="one test's results across runs")
+    parser.add_argument("--png", metavar="PATH", type=not_empty,
+                        help="with --test: draw step time and peak "
                         "VRAM across runs into PATH (needs matplotlib)")
     parser.add_argument("--changes", action="store_true",
                         help="list the steps in step time and peak VRAM of each test's history "
                              "on each branch (or --test's, --name's): size, confidence, the "
                              "first run after the step, and a likely cause (needs ruptures: "
                              "pip install 'pytest-gputrain[changes]')")
-    parser.add_argument("--html", metavar="DIR", help="write a static site into DIR: an index "
+    parser.add_argument("--html", metavar="DIR", type=not_empty,
+                        help="write a static site into DIR: an index "
                         "of the tests with sparklines and their latest change, a page per test "
                         "with its series, steps and commits (needs ruptures)")
     parser.add_argument("--metric", choices=METRICS, action="append",
                         help="with --changes or --html: only this metric (repeatable; default "
                              "both)")
-    parser.add_argument("--min-change", metavar="PERCENT",
+    parser.add_argument("--min-change", metavar="PERCENT", type=not_empty,
                         default=f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%",
                         help="with --changes or --html: the smallest step reported (default "
                              f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%%)")
@@ -83,7 +87,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH|URL",
+    parser.add_argument("--store", metavar="PATH|URL", type=not_empty,
                         help="benchmark store: a file or a postgresql:// URL (default: the "
                              "gpu_store of the project's ini file, as pytest run here reads "
                              f"it, else {DEFAULT_STORE} in the rootdir)")
@@ -117,7 +121,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     try:
         return _history(args)
     except (HistoryError, StoreError, ChangePointsUnavailable) as exc:
-        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        print(f"pytest_gputrain: error: {printable(str(exc))}", file=sys.stderr)
         return 2
 
 
