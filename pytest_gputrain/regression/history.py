@@ -15,6 +15,7 @@ the rootdir; ``--store`` names another (a file, or a ``postgresql://`` URL).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from tabulate import tabulate
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
 from pytest_gputrain.options import not_empty
+from pytest_gputrain.outputs import Claims, OutputPathError, output_kind, write_output
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
@@ -125,6 +127,31 @@ def cmd_history(args: argparse.Namespace) -> int:
         return 2
 
 
+def output_claims(location: Location) -> Claims:
+    """The outputs of one ``history`` command, checked as pytest's are (``outputs.Claims``):
+    none may be the store it reads (a SQLite file), nor each other."""
+    claims = Claims()
+    if isinstance(location, Path):
+        claims.keep("--store", [location])
+    return claims
+
+
+def png_path(text: str, claims: Claims) -> Path:
+    """``--png PATH``: a file whose name ends in .png, or a device or pipe (``/dev/stdout``),
+    claimed as an output; ``HistoryError`` naming it otherwise."""
+    path = Path(text)
+    try:
+        claims.claim("--png", [path])
+        kind = output_kind(path)
+    except OutputPathError as exc:
+        raise HistoryError(str(exc)) from None
+    if kind in ("new", "file") and path.suffix.lower() != ".png":
+        raise HistoryError(f"--png {text}: a PNG file's name ends in .png (e.g. --png "
+                           "step_time.png); a device or pipe such as /dev/stdout takes any "
+                           "name")
+    return path
+
+
 def _history(args: argparse.Namespace) -> int:
     if args.png and not args.test:
         raise HistoryError("--png needs --test NODEID (the test to draw)")
@@ -133,12 +160,15 @@ def _history(args: argparse.Namespace) -> int:
                            "--html (the site draws every test)")
     if args.limit is not None and not 1 <= args.limit <= MAX_LIMIT:
         raise HistoryError(f"--limit {shown(args.limit)} must lie between 1 and {MAX_LIMIT}")
+    location = locate(args.store)
+    claims = output_claims(location)
     if args.changes or args.html:
         from pytest_gputrain.regression.history_changes import show_changes
 
-        return show_changes(args, locate(args.store))
+        return show_changes(args, location, claims)
+    png = png_path(args.png, claims) if args.png else None
     limit = args.limit or LIST_LIMIT
-    with open_for_reading(locate(args.store)) as store:
+    with open_for_reading(location) as store:
         where = store.where
         if args.test:
             entries = store.history(args.test, name=args.name)[-limit:]
@@ -150,9 +180,13 @@ def _history(args: argparse.Namespace) -> int:
             else:
                 print(printable(tabulate(_test_rows(entries), headers=TEST_HEADERS,
                                          disable_numparse=True)))
-            if args.png:
-                draw_png(args.test, entries, Path(args.png))
-                print(f"wrote {args.png}")
+            if png is not None:
+                try:
+                    write_output(png, draw_png(args.test, entries))
+                except OSError as exc:
+                    raise HistoryError(f"--png: could not write {png}: "
+                                       f"{exc.strerror or exc}") from None
+                print(f"wrote {png}")
             return 0
         runs = store.runs(name=args.name, limit=limit)
     if args.json:
@@ -209,9 +243,9 @@ def _entry_json(run: RunInfo, result: ResultRecord) -> dict[str, Any]:
             "summary": result.summary}
 
 
-def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path) -> None:
-    """Step time (median with the interquartile range, each round faint behind) and peak VRAM
-    across runs, one x position per run."""
+def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]]) -> bytes:
+    """A PNG of step time (median with the interquartile range, each round faint behind) and
+    peak VRAM across runs, one x position per run."""
     try:
         import matplotlib
 
@@ -258,13 +292,12 @@ def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path
     ax_mem.set_xticklabels(labels, fontsize=7)
     ax_mem.set_xlabel("saved run")
     figure.tight_layout()
+    buffer = io.BytesIO()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, dpi=110)
-    except OSError as exc:
-        raise HistoryError(f"cannot write {out}: {exc}") from None
+        figure.savefig(buffer, format="png", dpi=110)
     finally:
         plt.close(figure)
+    return buffer.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:
