@@ -169,3 +169,98 @@ def test_a_bad_limit_is_an_error_naming_the_variable(
     monkeypatch.setenv(INPUT_LIMIT_VARIABLE, value)
     code, _, err = replay(capsys, str(FACTS / "cpu_laptop.json"))
     assert code == 2 and f"not read: {INPUT_LIMIT_VARIABLE}: " in err
+
+
+# -- pages and Markdown show hostile text as itself (issue 29) --------------------------------
+
+def failure_facts(tmp_path: Path, nodeid: str, message: str) -> Path:
+    """A recorded failed run (a device mismatch on the H200: GT202 names the test), its test
+    id and failure message replaced."""
+    data = json.loads((FACTS / "h200_samples" / "device_mismatch.json").read_text())
+    for record in [*data["runs"], *data["failures"]]:
+        record["nodeid"] = nodeid
+    for failure in data["failures"]:
+        failure["message"] = message
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+INVISIBLE = "\u202e\u2066\u2067\u2068\u2069\u202a\u202b\u202c\u202d\u200e\u200f\u061c\u200b" \
+            "\u2060\u2063\ufeff\u180e\u206a"
+
+
+def test_the_html_report_writes_out_bidirectional_and_invisible_marks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The HTML report kept raw U+202E and U+2066 from a failure message; the terminal wrote
+    them out."""
+    path = failure_facts(tmp_path, "tests/test_train.py::test_\u202eevil",
+                         f"assert {INVISIBLE} {HOSTILE} 0.62 >= 0.8")
+    page = tmp_path / "report.html"
+    code, out, err = replay(capsys, str(path), "--report", f"html:{page}")
+    assert code in (0, 1), err
+    text = page.read_text(encoding="utf-8")
+    for character in UNSEEN + INVISIBLE:
+        assert character not in text, f"U+{ord(character):04X} reached the HTML report"
+        assert character not in out
+    assert "test_\\u202eevil" in text  # written out, as the terminal writes it
+    # The page's data (which its scripts draw) too: written out, not as the characters.
+    start = text.index('id="gputrain-data">') + len('id="gputrain-data">')
+    data = json.dumps(json.loads(text[start:text.index("</script>", start)]),
+                      ensure_ascii=False)
+    for character in UNSEEN + INVISIBLE:
+        assert character not in data
+
+
+def test_every_value_a_page_template_outputs_is_written_out() -> None:
+    """The one environment of our pages (report.visible_text): what a template outputs and the
+    data its scripts draw, whatever the template's markup."""
+    from markupsafe import Markup
+
+    from pytest_gputrain.report.visible_text import page_environment
+
+    template = page_environment("pytest_gputrain.report").from_string(
+        '<p title="{{ text }}">{{ text }}{{ items|join(",") }}</p>{{ svg }}'
+        '<script type="application/json">{{ data|tojson }}</script>')
+    text = template.render(text=f"a{INVISIBLE}<b>", items=["\u202ex", "y"],
+                           svg=Markup("<svg></svg>"),
+                           data={"\u2066key": ["\u202e", {"m": "\x1b[2J</script>"}]})
+    for character in UNSEEN + INVISIBLE:
+        assert character not in text
+    assert '<p title="a\\u202e\\u2066' in text and "&lt;b&gt;" in text
+    assert "\\u202ex,y" in text and "<svg></svg>" in text  # our own markup as it is
+    assert '{"\\\\u2066key": ["\\\\u202e", {"m": "\\\\x1b[2J\\u003c/script\\u003e"}]}' in text
+
+
+def test_the_markdown_report_escapes_html_from_a_test_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GitHub step summary renders Markdown as HTML: a test id ``<img src=x
+    onerror=alert(1)>`` went through raw."""
+    hostile = "tests/test_x.py::test_a[<img src=x onerror=alert(1)>&#x202e;]"
+    path = failure_facts(tmp_path, hostile, "<script>alert(2)</script>")
+    code, out, err = replay(capsys, str(path), "--format", "md")
+    assert code in (0, 1), err
+    assert "<img" not in out and "<script" not in out and "&#x202e;" not in out
+    assert "&lt;img src=x onerror=alert(1)&gt;&amp;#x202e;" in out
+
+
+def test_the_gate_summary_escapes_html_from_a_test_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_gputrain.regression.store import ResultRecord
+    from pytest_gputrain.regression.store_backends import open_store
+
+    hostile = "t.py::test[<img src=x onerror=alert(1)>]"
+    store = tmp_path / "b.sqlite"
+    with open_store(store) as opened:
+        for name, value in (("base", 0.010), ("head", 0.020)):
+            rounds = [value * (1 + 0.001 * k) for k in range(20)]
+            opened.save_run(name, {"device_type": "cpu"}, "h", None, [ResultRecord(
+                hostile, {"device_type": "cpu"}, "h", 20,
+                {"step_time": rounds, "throttled": [False] * 20}, {})])
+    assert main(["compare", "base", "head", "--store", str(store), "--format", "md",
+                 "--force"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "t.py::test[" in out and "<img" not in out and "&lt;img" in out

@@ -20,6 +20,7 @@ import jinja2
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.page import SEVERITY_WORDS, build_page
+from pytest_gputrain.report.visible_text import page_environment
 from pytest_gputrain.units import format_bytes
 
 if TYPE_CHECKING:
@@ -58,10 +59,8 @@ def _value(value: Any) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("pytest_gputrain.report", "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-        lstrip_blocks=True)
+    # Every value shown as itself, controls and bidirectional marks written out (visible_text).
+    environment = page_environment("pytest_gputrain.report")
     environment.filters.update(bytes=format_bytes, seconds=_seconds, value=_value)
     return environment
 
