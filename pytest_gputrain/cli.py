@@ -50,6 +50,8 @@ class CliError(Exception):
     pass
 
 
+FACTS_FILE = "a pytest-gputrain facts file (written by --gpu-facts-out)"
+
 
 def _project(args: argparse.Namespace) -> ProjectSettings:
     """The project's ini settings (``gpu_*``), read once per command."""
@@ -95,14 +97,14 @@ def _fail_on(args: argparse.Namespace) -> str:
 
 
 def load_facts(path: Path) -> FactsFile:
-    from pytest_gputrain.jsonfile import JsonFileError, read_json
+    from pytest_gputrain.jsonfile import JsonFileError, Shape, read_json
 
     try:
-        data = read_json(path)
+        data = read_json(path, Shape(FACTS_FILE, "kind", "pytest-gputrain-facts"))
     except JsonFileError as exc:
         raise CliError(str(exc)) from None
     if not isinstance(data, dict) or data.get("kind") != "pytest-gputrain-facts":
-        raise CliError(f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out)")
+        raise CliError(f"{path}: not {FACTS_FILE}")
     if data.get("schema_version") != 1:
         raise CliError(f"{path}: facts schema version {data.get('schema_version')!r} is not "
                        "supported by this version (expected 1)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endless_input import endless_json
 
 from pytest_gputrain.cli import main
 from pytest_gputrain.jsonfile import INPUT_LIMIT_VARIABLE
@@ -126,18 +127,29 @@ def test_hostile_strings_in_a_facts_file_reach_no_output_as_they_are(
 # -- a bound on what is read -----------------------------------------------------------------
 
 def test_replay_of_an_unbounded_input_stops_at_the_limit(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(INPUT_LIMIT_VARIABLE, "1MiB")
+    with endless_json(tmp_path) as endless:
+        code, _, err = replay(capsys, str(endless))
+    assert code == 2
+    assert (f"{endless}: larger than 1 MiB (1048576 bytes), the most an input file may hold; "
+            f"set {INPUT_LIMIT_VARIABLE} (e.g. 1GiB) to read a larger one") in err
+
+
+def test_the_default_limit_stops_an_endless_input_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with endless_json(tmp_path) as endless:
+        code, _, err = replay(capsys, str(endless))
+    assert code == 2 and "larger than 256 MiB (268435456 bytes)" in err
+
+
+def test_dev_zero_is_refused_at_its_first_block(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = replay(capsys, "/dev/zero")
     assert code == 2
-    assert ("/dev/zero: larger than 1 MiB (1048576 bytes), the most an input file may hold; set "
-            f"{INPUT_LIMIT_VARIABLE} (e.g. 1GiB) to read a larger one") in err
-
-
-def test_the_default_limit_stops_dev_zero_too(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = replay(capsys, "/dev/zero")
-    assert code == 2 and "larger than 256 MiB (268435456 bytes)" in err
+    assert ("/dev/zero: not a pytest-gputrain facts file (written by --gpu-facts-out): its top "
+            "level is not an object") in err
 
 
 def test_a_file_at_the_limit_is_read_one_byte_more_is_not(
@@ -264,3 +276,34 @@ def test_the_gate_summary_escapes_html_from_a_test_id(
                  "--force"]) in (0, 1)
     out = capsys.readouterr().out
     assert "t.py::test[" in out and "<img" not in out and "&lt;img" in out
+
+
+# -- a file that is not facts-shaped is refused before it is parsed (issue 29) ----------------
+
+@pytest.mark.parametrize("make, said", [
+    (lambda n: "[" + ",".join(["[]"] * n) + "]", "its top level is not an object"),
+    (lambda n: '\ufeff \n {"kind": "pytest-gputrain-facts", "runs": ['
+     + ",".join(["[]"] * n) + "]}", "more than one per 32 bytes"),
+    (lambda n: '{"kind": "something-else", "data": "' + "x" * (3 * n) + '"}',
+     '"kind": "pytest-gputrain-facts" in it'),
+])
+def test_a_file_not_shaped_as_facts_is_refused_in_bounded_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, said: str
+) -> None:
+    """A 200 MB file of nested arrays took 43 s and 4.6 GB before it was refused: parsed, such
+    a file takes twenty times its size. Refused before the parse, it takes the bytes read."""
+    import tracemalloc
+
+    path = tmp_path / "facts.json"
+    path.write_text(make(2_000_000), encoding="utf-8")
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        code, _, err = replay(capsys, str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2
+    assert f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out): " in err
+    assert said in err, err
+    assert peak < 3 * size + 8 * 2**20, f"{peak / size:.1f} times the file's size"
