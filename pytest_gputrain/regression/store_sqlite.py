@@ -9,6 +9,11 @@ Several processes may write at once (parallel CI jobs on one host, ``multiproces
 WAL journal, a busy timeout, retries with backoff on "database is locked", and one transaction per
 write. (WAL needs a local file system: put the store on local disk, not NFS; runners on several
 hosts share a PostgreSQL store instead.)
+
+Reading (``SqliteStore.open_for_reading``, and ``inspect``) changes nothing: a connection that
+cannot write (``_read_connection``), a store that is not a regular file refused before it is
+opened, a missing or empty one left as it is. A store another process holds locked is waited
+for, reads as writes (``_retrying``), and is called locked, never damaged.
 """
 
 from __future__ import annotations
