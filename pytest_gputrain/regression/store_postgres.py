@@ -128,7 +128,7 @@ def inspect(url: str) -> str:
     try:
         return _classify(connection, describe(url))
     except psycopg.Error as exc:
-        raise StoreError(f"{describe(url)}: could not read: {exc}") from None
+        raise StoreError(f"{describe(url)}: could not read: {redact(str(exc), url)}") from None
     finally:
         connection.close()
 
@@ -171,7 +171,7 @@ class PostgresStore(Store):
             raise
         except psycopg.Error as exc:
             connection.close()
-            raise StoreError(f"{store.where}: {exc}") from None
+            raise StoreError(f"{store.where}: {redact(str(exc), url)}") from None
         return store
 
     @classmethod
@@ -192,7 +192,7 @@ class PostgresStore(Store):
             raise
         except psycopg.Error as exc:
             connection.close()
-            raise StoreError(f"{store.where}: {exc}") from None
+            raise StoreError(f"{store.where}: {redact(str(exc), url)}") from None
         return store
 
     def _initialise(self) -> None:
@@ -210,6 +210,10 @@ class PostgresStore(Store):
     def close(self) -> None:
         self._connection.close()
 
+    def _said(self, exc: Exception) -> str:
+        """What the server said, its secrets (if it quoted any) hidden."""
+        return redact(str(exc), self.url)
+
     def _write(self, action: Callable[[Writer], _T]) -> _T:
         psycopg = _psycopg()
         retryable = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected,
@@ -224,11 +228,12 @@ class PostgresStore(Store):
                         return action(_PostgresWriter(self._connection))
                 except retryable as exc:
                     if attempt == WRITE_ATTEMPTS - 1:
-                        raise StoreError(f"{self.where}: could not write: {exc}") from None
+                        raise StoreError(f"{self.where}: could not write: "
+                                         f"{self._said(exc)}") from None
                     time.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 2.0)
                 except psycopg.Error as exc:
-                    raise StoreError(f"{self.where}: could not write: {exc}") from None
+                    raise StoreError(f"{self.where}: could not write: {self._said(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -238,6 +243,6 @@ class PostgresStore(Store):
                                               tuple(parameters))
             return [tuple(row) for row in cursor.fetchall()]
         except psycopg.Error as exc:
-            raise StoreError(f"{self.where}: could not read: {exc}") from None
+            raise StoreError(f"{self.where}: could not read: {self._said(exc)}") from None
         except UnicodeEncodeError:
             raise StoreError(NOT_TEXT.format(where=self.where)) from None
