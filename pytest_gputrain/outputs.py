@@ -115,7 +115,9 @@ def output_kind(path: Path) -> str:
                           "or /dev/stdout")
 
 
-def _try_creating_in(folder: Path, path: Path, action: str) -> None:
+def _try_creating_in(folder: Path, path: Path, action: str, tried: set[Path]) -> None:
+    if folder in tried:  # one try a folder: a site's thousand pages share one or two
+        return
     try:
         handle, probe = tempfile.mkstemp(prefix=".gputrain-probe-", dir=folder)
     except OSError as exc:
@@ -123,13 +125,15 @@ def _try_creating_in(folder: Path, path: Path, action: str) -> None:
                               f"({exc.strerror or exc})") from None
     os.close(handle)
     os.unlink(probe)
+    tried.add(folder)
 
 
-def check_writable(path: Path) -> str:
+def check_writable(path: Path, tried: set[Path] | None = None) -> str:
     """``output_kind(path)``, once the output is known to be writable there: a new path's
-    nearest existing folder, or a regular file's folder, takes a new file (tried for real);
-    a device or pipe is one this process may write. :class:`OutputPathError` naming the path
-    otherwise."""
+    nearest existing folder, or a regular file's folder, takes a new file (tried for real,
+    once a folder in ``tried``); a device or pipe is one this process may write.
+    :class:`OutputPathError` naming the path otherwise."""
+    tried = set() if tried is None else tried
     kind = output_kind(path)
     if kind == "new":
         existing = next((p for p in Path(os.path.abspath(path)).parents if p.exists()), None)
@@ -137,9 +141,9 @@ def check_writable(path: Path) -> str:
             raise OutputPathError(f"{path} cannot be created: {existing} is a file, not a "
                                   "folder")
         if existing is not None:
-            _try_creating_in(existing, path, "created")
+            _try_creating_in(existing, path, "created", tried)
     elif kind == "file":
-        _try_creating_in(Path(os.path.realpath(path)).parent, path, "replaced")
+        _try_creating_in(Path(os.path.realpath(path)).parent, path, "replaced", tried)
     elif kind == "stream" and not os.access(path, os.W_OK):
         raise OutputPathError(f"{path} cannot be written: permission denied")
     return kind
@@ -276,9 +280,10 @@ class Claims:
         :class:`OutputPathError` naming the option (and the other one) when a path cannot take
         an output or is another option's file."""
         files: list[Path] = []
+        tried: set[Path] = set()
         for path in paths:
             try:
-                kind = check_writable(path)
+                kind = check_writable(path, tried)
             except OutputPathError as exc:
                 raise OutputPathError(f"{option}: {exc}") from None
             if kind in ("stream", "standard"):
