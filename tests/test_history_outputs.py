@@ -76,16 +76,39 @@ def test_the_png_is_written_where_named_and_said(store: Path, tmp_path: Path,
     assert (tmp_path / "charts" / "step.png").read_bytes().startswith(PNG_MAGIC)
 
 
-@pytest.mark.parametrize("name", ["out", "out.txt", "out.PNG.txt"])
+@pytest.mark.parametrize("name", ["out.txt", "out.PNG.txt", "out.v2"])
 def test_a_png_file_must_be_named_so(store: Path, tmp_path: Path, name: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """``--png out`` wrote out.png and said ``wrote out``; ``--png out.txt`` was a
-    ValueError traceback."""
+    """``--png out.txt`` was a ValueError traceback."""
     code, out, err = cli(capsys, "history", "--test", NODE, "--png", name, "--store",
                          str(store))
     assert code == 2 and out == ""
     assert f"--png {name}: a PNG file's name ends in .png" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.png"]
+
+
+def test_a_png_named_without_a_suffix_is_written_and_said_with_it(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--png out`` wrote out.png and said ``wrote out``."""
+    code, out, err = cli(capsys, "history", "--test", NODE, "--png", "out", "--store",
+                         str(store))
+    assert code == 0, err
+    assert out.splitlines()[-1] == "wrote out.png"
+    assert (tmp_path / "out.png").read_bytes().startswith(PNG_MAGIC)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.png", "s.png"]
+
+
+def test_a_png_named_without_a_suffix_cannot_take_the_store_either(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    saved = saved_store(tmp_path / "runs.png")
+    before = saved.read_bytes()
+    code, _, err = cli(capsys, "history", "--test", NODE, "--png", "runs", "--store",
+                       str(saved))
+    assert code == 2 and "--png would overwrite runs.png" in err, err
+    assert saved.read_bytes() == before
 
 
 def test_a_device_takes_the_png_through_and_nothing_is_made_beside_it(

@@ -137,10 +137,14 @@ def output_claims(location: Location) -> Claims:
 
 
 def png_path(text: str, claims: Claims) -> Path:
-    """``--png PATH``: a file whose name ends in .png, or a device or pipe (``/dev/stdout``),
-    claimed as an output; ``HistoryError`` naming it otherwise."""
+    """``--png PATH``: a file whose name ends in .png (a name without a suffix gets it, as
+    matplotlib has always given it: ``--png out`` is out.png, and said so), or a device or pipe
+    (``/dev/stdout``) taken as named; claimed as an output; ``HistoryError`` naming it
+    otherwise."""
     path = Path(text)
     try:
+        if output_kind(path) in ("new", "file") and not path.suffix:
+            path = path.with_name(path.name + ".png")
         claims.claim("--png", [path])
         kind = output_kind(path)
     except OutputPathError as exc:
