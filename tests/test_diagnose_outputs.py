@@ -50,7 +50,7 @@ def test_a_report_in_a_folder_that_refuses_writes_is_refused_at_start_up(
     result = diagnosed.runpytest("--gpu-report=/sys/gputrain-test/report.md",
                                  "--gpu-facts-out=facts.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: gpu_report / --gpu-report: "
+    result.stderr.fnmatch_lines(["ERROR: --gpu-report: "
                                  "/sys/gputrain-test/report.md is under /sys*"])
     assert "passed" not in result.stdout.str()
 
@@ -82,7 +82,7 @@ def test_a_path_without_a_known_suffix_says_how_to_name_the_format(
 ) -> None:
     result = diagnosed.runpytest("--gpu-report=step_summary_abc123")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*gpu_report / --gpu-report: 'step_summary_abc123' must end in "
+    result.stderr.fnmatch_lines(["*: --gpu-report: 'step_summary_abc123' must end in "
                                  ".json, .md or .html, or name its format: md:PATH, json:PATH "
                                  "or html:PATH*"])
 

@@ -277,6 +277,13 @@ def test_every_single_value_setting_refuses_an_empty_value(pytester: pytest.Pyte
     result.stderr.fnmatch_lines([f"ERROR: {ini} is set to an empty value in the ini file*"])
 
 
+def test_an_empty_value_given_with_o_is_named_so(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_ok(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-o", "gpu_cannot_tell=")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: -o gpu_cannot_tell: an empty value is not a setting*"])
+
+
 def test_an_empty_list_setting_is_an_empty_list(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ngpu_select =\ngpu_report =\n")
     pytester.makepyfile("def test_ok(): pass")

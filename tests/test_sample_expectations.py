@@ -92,3 +92,31 @@ def test_the_runner_skips_a_sample_whose_framework_is_missing() -> None:
         assert EXPECTED[name]["requires"] == ["pytorch_lightning"]
     for name in ("hf_trainer_healthy", "hf_trainer_fp32"):
         assert EXPECTED[name]["requires"] == ["transformers", "accelerate"]
+
+
+def test_the_runner_selects_the_sample_sets() -> None:
+    runner = _runner()
+    assert runner.selected_sets(None) == ["pipelines"]
+    assert runner.selected_sets("heldout") == ["heldout"]
+    assert runner.selected_sets("all") == runner.selected_sets(" pipelines, heldout ") == [
+        "pipelines", "heldout"]
+    with pytest.raises(ValueError, match=r"GPUTRAIN_SAMPLE_SET='pipeline': name pipelines, "
+                                         r"heldout or all"):
+        runner.selected_sets("pipeline")
+    ids = [param.id for param in runner.sample_params(["pipelines", "heldout"])]
+    assert "sync_heavy" in ids and "heldout/gc_collect_every_step" in ids
+    assert len(ids) == len(EXPECTED) + len(runner.HELDOUT_EXPECTED) == len(set(ids))
+
+
+def test_the_runner_judges_a_held_out_sample_with_the_scorer() -> None:
+    """The runner's verdict on a held-out sample comes from benchmarks/heldout_score.py, on the
+    findings of the sample's JSON report."""
+    runner = _runner()
+    spec = runner.HELDOUT_EXPECTED["gc_collect_every_step"]
+    finding = {"code": "GT117", "severity": "warning", "scope": "run", "subject": "t",
+               "message": "The GPU idled while the host ran Python between launches.",
+               "fix": "Move host work out of the loop."}
+    judge = runner._heldout_scorer().judge
+    assert judge("gc_collect_every_step", spec, [finding]).outcome == "MISSED"  # a symptom
+    named = {**finding, "fix": "Drop the gc.collect() after every step."}
+    assert judge("gc_collect_every_step", spec, [named]).outcome == "NAMED"

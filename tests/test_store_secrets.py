@@ -229,5 +229,5 @@ def test_pytest_gpu_store_errors_show_no_password(pytester: pytest.Pytester, url
                                 "--gpu-save=main")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     text = result.stdout.str() + result.stderr.str()
-    assert "gpu_store" in text
+    assert "--gpu-store: " in text or "gpu_store: " in text  # the setting is named
     assert "Sekr1t" not in text and "PW-88" not in text, text

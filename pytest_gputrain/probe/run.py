@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,14 +52,16 @@ from pytest_gputrain.probe.cuda_readings import (
 )
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
+from pytest_gputrain.probe.gradient_readings import check_at_end, read_gradients
+from pytest_gputrain.probe.instrument_readings import note_user_profiler, profiler_kind_reader
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
 from pytest_gputrain.probe.loss_readings import LossWatch
 from pytest_gputrain.probe.module_readings import (
     ModuleWatch,
-    optimizer_setup,
     read_last_ddp_logging,
 )
 from pytest_gputrain.probe.nvml_timeline import NvmlTimelineReader
+from pytest_gputrain.probe.optimizer_readings import largest_lr, optimizer_setup
 from pytest_gputrain.probe.profiler_window import WindowSteering
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
@@ -107,6 +110,7 @@ class RunProbe:
         self.on_empty_cache_end = self.calls.on_empty_cache_end
         self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
         self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
+        self.on_clip = self.calls.on_clip
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
@@ -114,6 +118,7 @@ class RunProbe:
         self._read_memory: Callable[[], tuple[int, int]] | None = None
         self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
         self._profiler_enabled = _profiler_probe(torch)
+        self._profiler_kind = profiler_kind_reader(torch)
         # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
         # over, the allocator's cudaMalloc/cudaFree counters once the profiler window is too.
         self.record.cache.mark_step = max(warmup, self.window.last_step) + 1
@@ -185,6 +190,9 @@ class RunProbe:
         self.modules.remove_hooks()
         self.window.stop(len(record.steps.times), cuda_ok=cuda_ok)
         self.modules.count_graph_outputs()
+        if record.grads.read_at is None and record.steps.times:
+            read_gradients(record)  # a short test: what the last step left
+        check_at_end(record)
         self.compile.read_end()
         self.calls.read_end(cuda_ok)
         self.loss.read_end(cuda_ok)
@@ -197,6 +205,9 @@ class RunProbe:
                 record.allocator.end.update(device_budget(self.torch, index))
             except Exception as exc:
                 record.errors.append(f"reading the allocator at the end: {exc}")
+        if record.optimizers.primary is not None:
+            with contextlib.suppress(Exception):
+                record.optimizer.lr_last = largest_lr(record.optimizers.primary)
         record.optimizers.primary = None
 
     def trained(self) -> bool:
@@ -216,28 +227,8 @@ class RunProbe:
         return builder.build_run_facts(record, process)
 
     def failure_context(self) -> dict[str, Any]:
-        """What the probe saw up to a failure, for ``failures.build_failure``: the last
-        out-of-memory moment, the last settings read, other processes' memory in the last
-        samples taken while the test ran, and the allocator when the test started."""
-        record = self.record
-        context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
-        snapshots = record.settings.snapshots
-        if snapshots:
-            context["settings"] = dict(snapshots[-1][1])
-        samples = record.nvml.samples[:record.nvml.before_stop]
-        recent = [s.other_process_memory for s in samples[-2:]
-                  if s.other_process_memory is not None]
-        if recent:
-            context["other_processes_before"] = max(recent)
-        index = record.devices.cuda_index
-        start = record.allocator.start.get(index if index is not None else -1)
-        if start is None and len(record.allocator.start) == 1:
-            start = next(iter(record.allocator.start.values()))
-        if start:
-            context["allocator_start"] = dict(start)
-        if record.allocator.peaks_before_reset:
-            context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
-        return context
+        """What the probe saw up to a failure (``failure_context``)."""
+        return failure_context(self.record)
 
     def fail(self, where: str, exc: BaseException) -> None:
         """A hook raised: the probe does nothing more in this test (``ProbeCallbacks``)."""
@@ -261,6 +252,7 @@ class RunProbe:
                 if optimizers.primary is not None:  # another optimizer: named, not timed
                     if id(optimizer) not in optimizers.ids:
                         optimizers.ids.add(id(optimizer))
+                        optimizers.refs.append(weakref.ref(optimizer))
                         optimizers.names.append(type(optimizer).__name__)
                     return
                 index = adopt_optimizer(self.torch, self.record, optimizer)
@@ -325,7 +317,7 @@ class RunProbe:
             steps.add_allocated(*read_memory())
         in_window = steps.in_window
         if not in_window and self._profiler_enabled():
-            record.settings.user_profiler_steps += 1
+            note_user_profiler(record.settings, count - 1, self._profiler_kind)
         if count <= 2 or in_window or count % _SETTINGS_EVERY == 0:
             self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
@@ -341,6 +333,8 @@ class RunProbe:
 
     def _milestone(self, count: int) -> None:
         record = self.record
+        if count == self._milestones[0]:  # the warm-up's end: the backward filled .grad
+            read_gradients(record)
         if count == record.warmup:
             self.compile.read_warm()
         if count == record.cache.mark_step:
@@ -388,10 +382,12 @@ def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None
     optimizers, devices = record.optimizers, record.devices
     optimizers.primary = optimizer
     optimizers.ids.add(id(optimizer))
+    optimizers.refs.append(weakref.ref(optimizer))
     optimizers.names.append(type(optimizer).__name__)
     readings = record.optimizer
     readings.name = type(optimizer).__name__
     readings.foreach, readings.fused, readings.param_tensors = optimizer_setup(optimizer)
+    readings.lr_first = largest_lr(optimizer)
     record.framework = driving_framework(sys._getframe())
     first = None
     for group in optimizer.param_groups:
@@ -414,6 +410,30 @@ def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None
     devices.cuda_index = int(torch.cuda.current_device()) if index is None else int(index)
     devices.device = f"cuda:{devices.cuda_index}"
     return devices.cuda_index
+
+
+def failure_context(record: RunRecord) -> dict[str, Any]:
+    """What the probe saw up to a failure, for ``failures.build_failure``: the last
+    out-of-memory moment, the last settings read, other processes' memory in the last
+    samples taken while the test ran, and the allocator when the test started."""
+    context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
+    snapshots = record.settings.snapshots
+    if snapshots:
+        context["settings"] = dict(snapshots[-1][1])
+    samples = record.nvml.samples[:record.nvml.before_stop]
+    recent = [s.other_process_memory for s in samples[-2:]
+              if s.other_process_memory is not None]
+    if recent:
+        context["other_processes_before"] = max(recent)
+    index = record.devices.cuda_index
+    start = record.allocator.start.get(index if index is not None else -1)
+    if start is None and len(record.allocator.start) == 1:
+        start = next(iter(record.allocator.start.values()))
+    if start:
+        context["allocator_start"] = dict(start)
+    if record.allocator.peaks_before_reset:
+        context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
+    return context
 
 
 def _profiler_probe(torch: Any) -> Callable[[], bool]:
