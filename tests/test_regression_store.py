@@ -13,7 +13,7 @@ import pytest
 
 from pytest_gputrain.regression import fingerprint as fp
 from pytest_gputrain.regression.store import ResultRecord, StoreError
-from pytest_gputrain.regression.store_backends import inspect, open_store
+from pytest_gputrain.regression.store_backends import inspect, open_for_reading, open_store
 from pytest_gputrain.regression.store_location import (
     Location,
     describe,
@@ -417,6 +417,35 @@ def test_a_store_of_schema_1_is_upgraded_and_loses_nothing(location: Location) -
     assert after["results"][:len(before["results"])] == before["results"]
     with open_store(location, create=False) as store:  # a second open finds it current
         assert len(store.runs()) == len(expected) + 1
+
+
+def test_a_store_of_schema_1_is_read_as_it_is_and_not_upgraded(location: Location) -> None:
+    """``history`` and ``compare`` open a store for reading only: one of schema 1 (a CI cache
+    saved by the version before) reads whole, its counters none, and stays schema 1 byte for
+    byte (it answered "no such column: counters" when the reading merged with the upgrade)."""
+    import json
+
+    from pytest_gputrain.cli import main as cli_main
+
+    schema1_store(location)
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    if isinstance(location, Path):
+        raw_execute(location, "PRAGMA journal_mode = DELETE")
+    before = snapshot(location), saved_rows(location)
+    expected = json.loads((STORES / "schema1_expected.json").read_text())
+    with open_for_reading(location) as store:
+        runs = sorted(store.runs(), key=lambda r: r.id)
+        assert [run.to_json() for run in runs] == [entry["run"] for entry in expected]
+        for run, entry in zip(runs, expected, strict=True):
+            results = store.results(run.id)
+            assert set(results) == set(entry["results"])
+            assert all(result.counters is None for result in results.values())
+            for nodeid in results:
+                assert [r.nodeid for _, r in store.history(nodeid)] != []
+    assert cli_main(["compare", "pr-41", "main", "--store", str(location), "--force"]) in (0, 1)
+    assert (snapshot(location), saved_rows(location)) == before
+    assert inspect(location) == "older"
+    assert raw_execute(location, f"SELECT version FROM {prefix}gputrain_schema")[0][0] == 1
 
 
 def test_a_failed_upgrade_changes_nothing(location: Location) -> None:

@@ -42,6 +42,7 @@ from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
     SCHEMA_VERSION,
     Dialect,
+    added_after,
     create_statements,
     insert_marker,
     migration_statements,
@@ -194,7 +195,10 @@ class PostgresStore(Store):
         store = cls(url, connection)
         try:
             connection.execute("SET default_transaction_read_only = on")
-            if _classify(connection, store.where) != "ours":
+            state = _classify(connection, store.where)
+            if state == "older":  # read as it is: the columns it lacks read as NULL
+                store.missing_columns = added_after(store._version(), "results")
+            elif state != "ours":
                 raise StoreError(f"no benchmark store in {store.where} (no saved run in a "
                                  f"{SCHEMA_NAME!r} schema; save a run first: --gpu-save=NAME)")
         except StoreError:

@@ -50,6 +50,7 @@ from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
     SCHEMA_VERSION,
     Dialect,
+    added_after,
     create_statements,
     insert_marker,
     migration_statements,
@@ -344,7 +345,10 @@ class SqliteStore(Store):
                                    "using it")
         except sqlite3.DatabaseError as exc:
             raise _unreadable(path, exc) from None
-        return cls(path, connection)
+        store = cls(path, connection)
+        if state == "older":  # read as it is: the columns it lacks read as NULL
+            store.missing_columns = added_after(store._version(), "results")
+        return store
 
     def _initialise(self) -> None:
         with self._transaction() as connection:
