@@ -28,6 +28,14 @@ import pytest_gputrain.probe.run
 import pytest_gputrain.report.markdown
 import pytest_gputrain.report.terminal  # noqa: F401
 
+try:  # history --png draws with pyplot: a copy forgotten by an in-process run breaks the next
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+except ImportError:
+    pass
+
 
 def _import_torch_lazy_modules() -> None:
     """torch imports some modules on first use (an optimizer step pulls in torch._dynamo, which

@@ -163,7 +163,7 @@ class _Tracker:
         returns, as torch 2.11 does for ``Tensor.item()``), each such one named once."""
         stack = getattr(self.running, "stack", None)
         if stack:
-            return stack[-1]
+            return str(stack[-1])
         finished, self.running.finished = getattr(self.running, "finished", ""), ""
         return str(finished)
 
