@@ -27,6 +27,7 @@ from pytest_gputrain.facts import (
     session_namespace,
 )
 from pytest_gputrain.probe.failure_facts import FailureFacts
+from pytest_gputrain.probe.host_facts import HostFacts
 from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
 
@@ -543,6 +544,7 @@ class RunFacts(FactGroup):
     checkpoint: CheckpointFacts = Field(default_factory=CheckpointFacts)
     loss: LossFacts = Field(default_factory=LossFacts)
     amp: AmpFacts = Field(default_factory=AmpFacts)
+    host: HostFacts = Field(default_factory=HostFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

@@ -12,7 +12,9 @@ module and each writing its groups of the ``RunRecord``:
   reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale) and the allocator's
   out-of-memory moments;
 - ``loss_readings.LossWatch``: the loss each backward starts from (its device, and finiteness
-  checks queued on the GPU and read once when the test ends).
+  checks queued on the GPU and read once when the test ends);
+- ``host_stacks.HostWatch``: where the training thread spends host time (its stack sampled in
+  the profiler window and in long steps, on a thread; garbage collections timed).
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -51,6 +53,7 @@ from pytest_gputrain.probe.cuda_readings import (
 )
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
+from pytest_gputrain.probe.host_stacks import HostWatch
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
 from pytest_gputrain.probe.loss_readings import LossWatch
 from pytest_gputrain.probe.module_readings import (
@@ -96,6 +99,7 @@ class RunProbe:
         self.compile = CompileWatch(self, self.install)
         self.calls = CallReadings(torch, self)
         self.loss = LossWatch(torch, self)
+        self.host = HostWatch(self.record)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -164,6 +168,7 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
+            self.host.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())
@@ -178,6 +183,7 @@ class RunProbe:
         self.closed = True
         if oom_observer.target() == self.on_oom:
             oom_observer.set_target(None)
+        self.host.stop()  # before the patches go: gc.collect is one of them
         try:
             record.errors.extend(self.install.remove())
         except Exception as exc:  # pragma: no cover - remove() guards each step
@@ -216,28 +222,8 @@ class RunProbe:
         return builder.build_run_facts(record, process)
 
     def failure_context(self) -> dict[str, Any]:
-        """What the probe saw up to a failure, for ``failures.build_failure``: the last
-        out-of-memory moment, the last settings read, other processes' memory in the last
-        samples taken while the test ran, and the allocator when the test started."""
-        record = self.record
-        context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
-        snapshots = record.settings.snapshots
-        if snapshots:
-            context["settings"] = dict(snapshots[-1][1])
-        samples = record.nvml.samples[:record.nvml.before_stop]
-        recent = [s.other_process_memory for s in samples[-2:]
-                  if s.other_process_memory is not None]
-        if recent:
-            context["other_processes_before"] = max(recent)
-        index = record.devices.cuda_index
-        start = record.allocator.start.get(index if index is not None else -1)
-        if start is None and len(record.allocator.start) == 1:
-            start = next(iter(record.allocator.start.values()))
-        if start:
-            context["allocator_start"] = dict(start)
-        if record.allocator.peaks_before_reset:
-            context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
-        return context
+        """What the probe saw up to a failure, for ``failures.build_failure``."""
+        return failure_context(self.record)
 
     def fail(self, where: str, exc: BaseException) -> None:
         """A hook raised: the probe does nothing more in this test (``ProbeCallbacks``)."""
@@ -373,6 +359,7 @@ class RunProbe:
         oom_observer.attach(torch)
         if self.use_sampler:
             self.nvml.start(index)
+        self.host.start_sampler()
 
 
 if TYPE_CHECKING:
@@ -380,6 +367,30 @@ if TYPE_CHECKING:
     # the callbacks bound in __init__ are known (the Installation is built before them).
     def _answers_the_hooks(probe: RunProbe) -> ProbeCallbacks:
         return probe
+
+
+def failure_context(record: RunRecord) -> dict[str, Any]:
+    """What the probe saw up to a failure: the last out-of-memory moment, the last settings
+    read, other processes' memory in the last samples taken while the test ran, and the
+    allocator when the test started."""
+    context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
+    snapshots = record.settings.snapshots
+    if snapshots:
+        context["settings"] = dict(snapshots[-1][1])
+    samples = record.nvml.samples[:record.nvml.before_stop]
+    recent = [s.other_process_memory for s in samples[-2:]
+              if s.other_process_memory is not None]
+    if recent:
+        context["other_processes_before"] = max(recent)
+    index = record.devices.cuda_index
+    start = record.allocator.start.get(index if index is not None else -1)
+    if start is None and len(record.allocator.start) == 1:
+        start = next(iter(record.allocator.start.values()))
+    if start:
+        context["allocator_start"] = dict(start)
+    if record.allocator.peaks_before_reset:
+        context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
+    return context
 
 
 def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None:

@@ -40,6 +40,7 @@ from pytest_gputrain.probe.habit_facts_builder import (
     mode_and_cache_facts,
     optimizer_facts,
 )
+from pytest_gputrain.probe.host_facts_builder import host_facts
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
 from pytest_gputrain.probe.memory_facts_builder import memory_facts
 from pytest_gputrain.probe.run_record import (
@@ -134,6 +135,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     busy_outside_window(run)
     run.layers = _layer_facts(forwards)
     run.stalls = stall_facts(record)
+    run.host = host_facts(record, steady, [number - 1 for number in run.stalls.step_numbers])
     run.nvml = _nvml_facts(record.nvml)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)

@@ -22,6 +22,7 @@ from pytest_gputrain.probe.loader import LoaderTracker
 ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
 MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
+HOST_SAMPLE_INTERVAL = 0.002  # seconds between two stack samples (host_stacks.py)
 
 
 class StepFlag(enum.Enum):
@@ -375,6 +376,35 @@ class LossReadings:
 
 
 @dataclass(slots=True)
+class CallSite:
+    """A place in the test's (or a framework's) code the training thread was found at."""
+
+    file: str
+    line: int
+    function: str
+    source: str = ""  # the line's text, read when the test ends
+    inner: str | None = None  # what it was doing there: the innermost folded call, if any
+
+
+@dataclass(slots=True)
+class HostSamples:
+    """What ``host_stacks.HostWatch`` recorded: stack samples, garbage collections, and the
+    call sites they name."""
+
+    interval: float = HOST_SAMPLE_INTERVAL
+    # (index of the step under way, inside the profiler window, site index, seconds it stands for)
+    samples: list[tuple[int, bool, int, float]] = field(default_factory=list)
+    sites: list[CallSite] = field(default_factory=list)
+    # (index of the step under way, generation, seconds, site index of an explicit gc.collect()
+    # or -1) for every explicit or older-generation collection, and young ones that took long
+    collections: list[tuple[int, int, float, int]] = field(default_factory=list)
+    # All collections, kept or not: generation -> [count, seconds]
+    gc_totals: dict[int, list[float]] = field(default_factory=dict)
+    gc_seconds: float = 0.0  # all of them, as they end (the sampler leaves them out)
+    sampler: str | None = None  # why no stack was sampled, when none could be
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -398,6 +428,7 @@ class RunRecord:
     compile: CompileReadings = field(default_factory=CompileReadings)
     ddp: DdpReadings = field(default_factory=DdpReadings)
     loss: LossReadings = field(default_factory=LossReadings)
+    host: HostSamples = field(default_factory=HostSamples)  # host_stacks.HostWatch
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

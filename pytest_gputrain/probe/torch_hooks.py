@@ -55,6 +55,7 @@ is recorded in ``run.probe_errors``; it never reaches user code. The hooks call 
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -580,4 +581,8 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     counts["dynamo_compile_callbacks"] = sum(
         1 for function in getattr(handler, "start_callbacks", ())
         if getattr(function, "__qualname__", "") == "CompileWatch.on_compile_start")
+    # host_stacks.HostWatch: its garbage-collection timer and its gc.collect wrapper
+    counts["gc_callbacks"] = sum(1 for function in gc.callbacks
+                                 if getattr(function, "__qualname__", "") == "HostWatch._on_gc")
+    counts["patched_attributes"] += bool(getattr(vars(gc).get("collect"), "_gputrain_probe", False))
     return counts
