@@ -14,7 +14,8 @@ module and each writing its groups of the ``RunRecord``:
 - ``loss_readings.LossWatch``: the loss each backward starts from (its device, and finiteness
   checks queued on the GPU and read once when the test ends);
 - ``host_stacks.HostWatch``: where the training thread spends host time (its stack sampled in
-  the profiler window and in long steps, on a thread; garbage collections timed).
+  the profiler window and in long steps, on a thread; garbage collections timed);
+- ``warning_readings.WarningWatch``: the warnings torch and the frameworks raise meanwhile.
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -65,6 +66,7 @@ from pytest_gputrain.probe.nvml_timeline import NvmlTimelineReader
 from pytest_gputrain.probe.profiler_window import WindowSteering
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
+from pytest_gputrain.probe.warning_readings import WarningWatch
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
@@ -100,6 +102,7 @@ class RunProbe:
         self.calls = CallReadings(torch, self)
         self.loss = LossWatch(torch, self)
         self.host = HostWatch(self.record)
+        self.warnings = WarningWatch(self.record)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -169,6 +172,7 @@ class RunProbe:
         try:
             self.install.install()
             self.host.start(self.install.patches)
+            self.warnings.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())

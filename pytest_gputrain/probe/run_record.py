@@ -405,6 +405,30 @@ class HostSamples:
 
 
 @dataclass(slots=True)
+class RaisedWarning:
+    """One warning shown while the test ran (``warning_readings.WarningWatch``), counted again
+    each time the same one is shown."""
+
+    category: str
+    message: str  # its first line
+    origin: str  # the package whose code raised it: torch or a framework
+    where: str  # the file and line it names (torch/utils/checkpoint.py:87)
+    caller: str | None  # the test's or framework's line that led there
+    benign: bool  # warning_readings.BENIGN: it names no fault
+    step: int  # index of the step under way
+    training: bool  # a forward or a step had run already
+    count: int = 1
+
+
+@dataclass(slots=True)
+class WarningReadings:
+    """The warnings of torch and the frameworks shown while the test ran."""
+
+    raised: list[RaisedWarning] = field(default_factory=list)
+    dropped: int = 0  # distinct warnings past warning_readings.MAX_WARNINGS
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -429,6 +453,7 @@ class RunRecord:
     ddp: DdpReadings = field(default_factory=DdpReadings)
     loss: LossReadings = field(default_factory=LossReadings)
     host: HostSamples = field(default_factory=HostSamples)  # host_stacks.HostWatch
+    warnings: WarningReadings = field(default_factory=WarningReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

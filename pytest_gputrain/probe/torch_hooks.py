@@ -58,6 +58,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -585,4 +586,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     counts["gc_callbacks"] = sum(1 for function in gc.callbacks
                                  if getattr(function, "__qualname__", "") == "HostWatch._on_gc")
     counts["patched_attributes"] += bool(getattr(vars(gc).get("collect"), "_gputrain_probe", False))
+    # warning_readings.WarningWatch
+    counts["patched_attributes"] += bool(getattr(vars(warnings).get("_showwarnmsg"),
+                                                 "_gputrain_probe", False))
     return counts
