@@ -60,6 +60,8 @@ BENIGN: Final = (
     # torch.profiler's own housekeeping (the test's or the probe's window)
     re.compile(r"Profiler clears events at the end of each cycle"),
     re.compile(r"^Checkpoint directory .* exists and is not empty"),
+    # float(loss) on a tensor that requires grad (torch >= 2.10): the value is right
+    re.compile(r"Converting a tensor with requires_grad=True to a scalar"),
 )
 BENIGN_CATEGORIES: Final = frozenset({
     # Lightning's "possible" warnings: suggestions about its settings (the logging interval,
@@ -132,8 +134,7 @@ class WarningWatch:
         """The package whose code raised the warning (torch or a framework; a UserWarning whose
         first frame is the test's own line that called into torch is torch's C++ code's), and
         the test's or the framework's line that led there, as `source` at file:line."""
-        while frame is not None and frame.f_globals.get("__name__") in ("warnings",
-                                                                       "_py_warnings"):
+        while frame is not None and _passed_over(frame.f_globals.get("__name__")):
             frame = frame.f_back
         if frame is None:
             return None, None
@@ -149,6 +150,12 @@ class WarningWatch:
                 not _warns_itself(frame)):
             return "torch", caller  # torch's C++ code warned: the frame is the caller's
         return None, None
+
+
+def _passed_over(module: object) -> bool:
+    """The warnings machinery, and the probe's own wrappers (a sync it counts may warn)."""
+    return isinstance(module, str) and (module in ("warnings", "_py_warnings")
+                                        or module.startswith("pytest_gputrain."))
 
 
 def _warns_itself(frame: FrameType) -> bool:
