@@ -30,6 +30,7 @@ from pytest_gputrain.probe.failure_facts import FailureFacts
 from pytest_gputrain.probe.host_facts import HostFacts
 from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
+from pytest_gputrain.probe.update_facts import UpdateFacts
 from pytest_gputrain.probe.warning_facts import WarningFacts
 
 Namespace = dict[str, tuple[Any, str | None, str | None]]
@@ -547,6 +548,7 @@ class RunFacts(FactGroup):
     amp: AmpFacts = Field(default_factory=AmpFacts)
     host: HostFacts = Field(default_factory=HostFacts)
     warnings: WarningFacts = Field(default_factory=WarningFacts)
+    updates: UpdateFacts = Field(default_factory=UpdateFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

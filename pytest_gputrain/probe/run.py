@@ -15,7 +15,9 @@ module and each writing its groups of the ``RunRecord``:
   checks queued on the GPU and read once when the test ends);
 - ``host_stacks.HostWatch``: where the training thread spends host time (its stack sampled in
   the profiler window and in long steps, on a thread; garbage collections timed);
-- ``warning_readings.WarningWatch``: the warnings torch and the frameworks raise meanwhile.
+- ``warning_readings.WarningWatch``: the warnings torch and the frameworks raise meanwhile;
+- ``update_readings.UpdateWatch``: the learning rate at each scheduler step, and at a few steps
+  the weights an optimizer step left unchanged.
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -66,6 +68,7 @@ from pytest_gputrain.probe.nvml_timeline import NvmlTimelineReader
 from pytest_gputrain.probe.profiler_window import WindowSteering
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
+from pytest_gputrain.probe.update_readings import UpdateWatch
 from pytest_gputrain.probe.warning_readings import WarningWatch
 
 if TYPE_CHECKING:
@@ -103,6 +106,7 @@ class RunProbe:
         self.loss = LossWatch(torch, self)
         self.host = HostWatch(self.record)
         self.warnings = WarningWatch(self.record)
+        self.updates = UpdateWatch(torch, self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -173,6 +177,7 @@ class RunProbe:
             self.install.install()
             self.host.start(self.install.patches)
             self.warnings.start(self.install.patches)
+            self.updates.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())
@@ -198,6 +203,7 @@ class RunProbe:
         self.compile.read_end()
         self.calls.read_end(cuda_ok)
         self.loss.read_end(cuda_ok)
+        self.updates.stop(cuda_ok)
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index
@@ -240,6 +246,8 @@ class RunProbe:
 
     def on_optimizer_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record.optimizer.step_started = _perf()
+        if len(self.record.steps.times) == self.updates.due:  # a few steps only
+            self.updates.before_step(optimizer)
 
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled or self._compiling():
@@ -254,6 +262,7 @@ class RunProbe:
                         optimizers.names.append(type(optimizer).__name__)
                     return
                 index = adopt_optimizer(self.torch, self.record, optimizer)
+                self.updates.first_step(optimizer)
                 if index is not None:
                     self._setup_cuda(index)
             count = self._record_step(_perf())
@@ -320,6 +329,8 @@ class RunProbe:
             self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
             self._milestone(count)
+        if count - 1 == self.updates.due:
+            self.updates.after_step(record.optimizers.primary)
 
     def _read_settings(self, step: int) -> None:
         """Snapshot the settings a test may change inside itself (``settings.py``)."""

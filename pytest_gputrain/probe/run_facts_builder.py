@@ -51,6 +51,7 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
 )
 from pytest_gputrain.probe.timeline_facts_builder import timeline_facts
+from pytest_gputrain.probe.update_facts_builder import update_facts
 from pytest_gputrain.probe.warning_facts_builder import warning_facts
 from pytest_gputrain.probe.window_facts_builder import (
     busy_outside_window,
@@ -138,6 +139,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.stalls = stall_facts(record)
     run.host = host_facts(record, steady, [number - 1 for number in run.stalls.step_numbers])
     run.warnings = warning_facts(record)
+    run.updates = update_facts(record)
     run.nvml = _nvml_facts(record.nvml)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)

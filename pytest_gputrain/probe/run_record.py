@@ -315,6 +315,8 @@ class OptimizerReadings:
     host_times: list[float] = field(default_factory=list)
     zero_grad_calls: int = 0
     zero_grad_to_zeros: int = 0
+    # the index of the step under way at each zero_grad call (once per step)
+    zero_grad_steps: list[int] = field(default_factory=list)
     scaler_scales: int = 0  # GradScaler.scale calls with the scaler enabled (loss scaling)
 
 
@@ -429,6 +431,39 @@ class WarningReadings:
 
 
 @dataclass(slots=True)
+class SchedulerStep:
+    """A learning-rate scheduler's step() (``update_readings.UpdateWatch``)."""
+
+    scheduler: str  # its class
+    optimizer: int  # id() of its optimizer
+    step: int  # optimizer steps of the main optimizer done when it ran
+    lr: float | None  # the largest learning rate of the optimizer's groups after it
+
+
+@dataclass(slots=True)
+class UpdateCheck:
+    """One check of the weights an optimizer step left unchanged (read at the end)."""
+
+    step: int  # 1-based step checked
+    dtype: str  # of the first parameter checked
+    lr: float | None
+    unchanged: int = 0  # elements with a non-zero gradient that kept their exact value
+    with_grad: int = 0  # elements with a non-zero gradient
+
+
+@dataclass(slots=True)
+class UpdateReadings:
+    """The learning rate's schedule and the unchanged-weight checks of the main optimizer."""
+
+    schedulers: list[SchedulerStep] = field(default_factory=list)
+    checks: list[UpdateCheck] = field(default_factory=list)
+    lr_start: float | None = None  # at the main optimizer's first step
+    lr_end: float | None = None  # when the test ended
+    primary: int | None = None  # id() of the main optimizer, kept when the test ends
+    unread: str | None = None  # why the checks could not be read
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -454,6 +489,7 @@ class RunRecord:
     loss: LossReadings = field(default_factory=LossReadings)
     host: HostSamples = field(default_factory=HostSamples)  # host_stacks.HostWatch
     warnings: WarningReadings = field(default_factory=WarningReadings)
+    updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

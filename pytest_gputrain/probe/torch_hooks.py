@@ -301,9 +301,14 @@ def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
 
 def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[..., Any]:
     """Count ``zero_grad`` calls into ``readings`` (the probe's ``OptimizerReadings``), and those
-    that fill gradients with zeros (``set_to_none=False``, by keyword or position)."""
+    that fill gradients with zeros (``set_to_none=False``, by keyword or position); note the
+    step under way at each (a step without one adds to the previous step's gradients)."""
+    steps, done = readings.zero_grad_steps, readings.host_times  # done: one entry per step
+
     def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
         readings.zero_grad_calls += 1
+        if not steps or steps[-1] != len(done):
+            steps.append(len(done))
         set_to_none = args[0] if args else kwargs.get("set_to_none", True)
         if set_to_none is False or set_to_none == 0:
             readings.zero_grad_to_zeros += 1
@@ -575,6 +580,10 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
+    # host_stacks, warning_readings, update_readings (the schedulers' step)
+    owners += [(gc, "collect"), (warnings, "_showwarnmsg")] + [
+        (owner, "step") for owner in vars(torch.optim.lr_scheduler).values()
+        if isinstance(owner, type) and "step" in vars(owner)]
     counts["patched_attributes"] = sum(
         1 for owner, name in owners if getattr(vars(owner).get(name), "_gputrain_probe", False))
     callback = sys.modules.get("torch._dynamo.callback")
@@ -582,11 +591,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     counts["dynamo_compile_callbacks"] = sum(
         1 for function in getattr(handler, "start_callbacks", ())
         if getattr(function, "__qualname__", "") == "CompileWatch.on_compile_start")
-    # host_stacks.HostWatch: its garbage-collection timer and its gc.collect wrapper
+    # host_stacks.HostWatch's garbage-collection timer
     counts["gc_callbacks"] = sum(1 for function in gc.callbacks
                                  if getattr(function, "__qualname__", "") == "HostWatch._on_gc")
-    counts["patched_attributes"] += bool(getattr(vars(gc).get("collect"), "_gputrain_probe", False))
-    # warning_readings.WarningWatch
-    counts["patched_attributes"] += bool(getattr(vars(warnings).get("_showwarnmsg"),
-                                                 "_gputrain_probe", False))
     return counts
