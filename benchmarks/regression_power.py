@@ -6,6 +6,8 @@ it stay quiet when nothing changed, when every session is its own process?
     python benchmarks/regression_power.py --device cpu --sessions 2 --rounds 20 --budget-s 60
     python benchmarks/regression_power.py --replay power.json --step-summary median --trials 400
     python benchmarks/regression_power.py --slowdown 0.02 --threshold 0.01 --sequential 8
+    python benchmarks/regression_power.py --injections --out sessions.jsonl   # injection_power.py
+    python benchmarks/regression_power.py --injections --replay sessions.jsonl
 
 Two training steps, each timed as CI times it:
 
@@ -89,6 +91,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gate_trials
+import injection_power
 from cpu_pinning import cpu_sets as pinned_sets
 from cpu_pinning import describe as describe_cpus
 from gate_trials import PoolIds, Records, Rows
@@ -203,8 +206,9 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
         step = slowed(torch, step, spec["host_seconds"], spec["gpu_cycles"])
     options = BenchmarkOptions(warmup=spec["warmup"], min_rounds=spec["rounds"],
                                max_rounds=spec["rounds"], max_time=3600.0)
+    # Times only: the counters' proof is --injections (injection_power.py).
     bench = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}", options,
-                         gpu_time=device != "cpu")
+                         gpu_time=device != "cpu", counters=False)
     result = bench(step, device=device)
     out: dict[str, Any] = {"median": median(result.clean_step_times()), "pid": os.getpid(),
                            "round_times": list(result.clean_step_times()),
@@ -217,7 +221,8 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
         probe = BenchmarkOptions(warmup=10, min_rounds=60, max_rounds=60, max_time=3600.0)
 
         def measure(amount: float) -> float:
-            timed = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}/sizing", probe)
+            timed = GpuBenchmark(f"benchmarks/regression_power.py::{spec['step']}/sizing", probe,
+                                 counters=False)
             candidate = slowed(torch, step, amount, 0.0)
             return float(median(timed(candidate, device=device).clean_step_times()))
 
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", type=int, default=None,
                         help="slowed sessions per step, twice as many unchanged ones "
                              "(default 4 x --sessions, or --sequential if more, as the budget "
-                             "allows)")
+                             "allows); with --injections, the most sessions to run")
     parser.add_argument("--rounds", type=int, default=100, help="timed steps a session (<= 100)")
     parser.add_argument("--warmup", type=int, default=30, help="untimed steps a session (30)")
     parser.add_argument("--slowdown", type=float, default=0.05, help="injected slowdown (0.05)")
@@ -367,7 +372,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run no session: decide the trials again on the sessions a "
                              "--json PATH of an earlier run saved, with this command line's "
                              "--sessions, --trials, --seed and gate (e.g. --step-summary median)")
+    injection_power.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.injections:
+        if args.sessions < 2 or args.trials < 1 or not 1 <= args.rounds <= 100:
+            parser.error("--sessions must be >= 2, --trials >= 1, --rounds 1 to 100")
+        if args.busy_host < 0 or not 0 < args.size < 1:
+            parser.error("--busy-host must be >= 0 and --size between 0 and 1")
+        if not {s.strip() for s in args.steps.split(",")} <= set(STEPS):
+            parser.error(f"--steps {args.steps!r}: choose from {', '.join(STEPS)}")
+        return injection_power.main_injections(args)
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     if not steps or any(s not in STEPS for s in steps):
         parser.error(f"--steps {args.steps!r}: choose from {', '.join(STEPS)}")

@@ -28,7 +28,7 @@ from pytest_gputrain import scopes
 from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
-from pytest_gputrain.engine.rules import RuleFileError, text_block
+from pytest_gputrain.engine.rules import RuleFileError
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.findings import Finding
 from pytest_gputrain.ini_settings import (
@@ -75,8 +75,22 @@ def _engine(args: argparse.Namespace, every_rule: bool = False) -> RuleEngine:
                               params=args.rule_param or ini["gpu_rule_param"],
                               rules_dirs=rules_dirs, base_dir=base)
         return RuleEngine.load(config)
-    except (RuleFileError, SettingError) as exc:
+    except RuleFileError as exc:
         raise CliError(str(exc)) from None
+    except SettingError as exc:
+        raise CliError(f"{_given_as(args, exc.setting)}: {exc.problem}") from None
+
+
+def _given_as(args: argparse.Namespace, setting: str) -> str:
+    """A rule setting as the user gave it: this command's option (``--select``), else its
+    ini name in the project's file."""
+    if " " in setting:  # two settings together: "gpu_select / gpu_ignore"
+        return setting
+    flag = "--" + setting.removeprefix("gpu_").replace("_", "-")
+    if getattr(args, flag[2:].replace("-", "_"), None):
+        return flag
+    ini_file = _project(args).ini_file
+    return f"{setting} in {ini_file.name}" if ini_file else setting
 
 
 def _fail_on(args: argparse.Namespace) -> str:
@@ -136,7 +150,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     elif args.format == "md":
         sys.stdout.write(report_markdown(build_report(environment, findings, fail_on)))
     else:
-        width = max(40, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
+        width = _width()
         sys.stdout.write("\n".join([*header_lines(environment, width), "",
                                     *findings_lines(findings, width, verbose=args.verbose)])
                          + "\n")
@@ -170,44 +184,30 @@ def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding]
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
+    from pytest_gputrain.report.rule_docs import catalogue_lines
+
     engine = _engine(args)
-    rows = [(r.code, r.name, r.scope, r.severity, r.title) for r in engine.rules
-            if args.scope in (None, r.scope)]
-    print(printable(tabulate(rows, headers=("code", "name", "scope", "severity", "title"))))
+    rules = [rule for rule in engine.rules if args.scope in (None, rule.scope)]
+    print(printable("\n".join(catalogue_lines(rules, _width()))))
     return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from pytest_gputrain.probe.frameworks import case_label
+    from pytest_gputrain.report.rule_docs import rule_doc_lines
+
     engine = _engine(args, every_rule=True)
     code = args.code.upper()
     rule = next((r for r in engine.rules if r.code == code or r.name == args.code), None)
     if rule is None:
         raise CliError(f"no rule {args.code!r}; `python -m pytest_gputrain rules` lists them")
-    out = [f"{rule.code} {rule.name}: {rule.title}",
-           f"scope: {rule.scope}    severity: {rule.severity}    file: {rule.path}", ""]
-
-    def section(title: str, body: str) -> None:
-        out.extend([f"## {title}", text_block(body), ""])
-
-    section("What it checks", rule.condition.source)
-    section("Why is this bad", rule.why)
-    if "example" in rule.docs:
-        section("Example", rule.docs["example"])
-    if "use_instead" in rule.docs:
-        section("Use instead", rule.docs["use_instead"])
-    section("Fix", rule.fix.source)
-    if rule.params:
-        body = "\n".join(f"{k} = {v!r}   (gpu_rule_param = {rule.code}.{k}=VALUE)"
-                         for k, v in rule.params.items())
-        if "options" in rule.docs:
-            body += "\n\n" + rule.docs["options"]
-        section("Options", body)
-    if "notes" in rule.docs:
-        section("Notes", rule.docs["notes"])
-    if rule.references:
-        section("References", "\n".join(f"- {ref}" for ref in rule.references))
-    print(printable("\n".join(out).rstrip()))  # a project's rule file may hold anything
+    lines = rule_doc_lines(rule, _width(), case_label, Path.cwd())
+    print(printable("\n".join(lines)))  # a project's rule file may hold anything
     return 0
+
+
+def _width() -> int:
+    return max(40, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
 
 
 def cmd_facts(args: argparse.Namespace) -> int:

@@ -153,6 +153,12 @@ class Diagnosis:
         width = max(MIN_WIDTH, shutil.get_terminal_size().columns)  # as pytest: COLUMNS, or 80
         return section_text(sort_findings(findings), width, details)
 
+    def explained_by(self, fact: str) -> str | None:
+        """The code of the session's finding that cites ``fact`` as evidence (GT001 cites
+        ``nvml.reason``), or None: a line that would repeat a cause names the finding instead,
+        so that the output says it once. Only the process that reports judges (None here)."""
+        return None
+
     def records(self, scope: str) -> list[dict[str, Any]]:
         """The records of ``scope`` so far, as plain JSON data."""
         return list(self._records.get(scope, []))
@@ -220,20 +226,32 @@ class DiagnosisSession(Diagnosis):
     def findings(self) -> list[Finding]:
         from pytest_gputrain.findings import sort_findings
 
-        if self._environment_findings is None:
-            self._environment_findings = self.engine.evaluate_environment(self.environment)
+        environment_findings = self.environment_findings
         # Records only ever grow: judge them again when there are more (under xdist the
         # workers' records arrive when each worker ends).
         count = sum(len(records) for records in self._records.values())
         if count != self._record_findings_count:
             self._record_findings = self.engine.evaluate_records(self.facts_file())
             self._record_findings_count = count
-        return sort_findings(self._environment_findings + self._record_findings)
+        return sort_findings(environment_findings + self._record_findings)
+
+    @property
+    def environment_findings(self) -> list[Finding]:
+        """The findings about the environment alone, judged once."""
+        if self._environment_findings is None:
+            self._environment_findings = self.engine.evaluate_environment(self.environment)
+        return self._environment_findings
+
+    def explained_by(self, fact: str) -> str | None:
+        return next((finding.code for finding in self.environment_findings
+                     if finding.scope == "session"
+                     and any(evidence.name == fact for evidence in finding.evidence)), None)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from pytest_gputrain.report.terminal import header_lines
 
-        return header_lines(self.environment, width=config.get_terminal_writer().fullwidth)
+        return header_lines(self.environment, width=config.get_terminal_writer().fullwidth,
+                            no_gpu_explained_by=self.explained_by("nvml.reason"))
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -18,10 +18,12 @@ from pytest_gputrain.options import (
     INI_TURNS_ON,
     OPTIONS,
     Option,
+    given_as,
     parse_choice,
     read,
     read_with_base,
     resolve_path,
+    usage_error,
 )
 
 FAIL_ON = ("error", "warning", "never")
@@ -61,8 +63,7 @@ def parse_report_target(text: str, base: Path, environ: Mapping[str, str]) -> Re
         if form not in REPORT_FORMATS:
             raise ValueError(
                 f"{text!r} must end in .json, .md or .html, or name its format: md:PATH, "
-                f"json:PATH or html:PATH (e.g. --gpu-report=gpu-report.json, "
-                f"--gpu-report=md:${STEP_SUMMARY})")
+                f"json:PATH or html:PATH (e.g. gpu-report.json or md:${STEP_SUMMARY})")
     summary = environ.get(STEP_SUMMARY)
     try:
         append = (form == "md" and bool(summary)
@@ -111,28 +112,29 @@ def read_settings(config: pytest.Config, table: tuple[Option, ...] = OPTIONS) ->
     try:
         fail_on = parse_fail_on(read(config, "gpu_fail_on"))
     except ValueError as exc:
-        raise pytest.UsageError(f"gpu_fail_on / --gpu-fail-on: {exc}") from None
+        raise usage_error(config, "gpu_fail_on", str(exc)) from None
     reports = []
     targets, base = read_with_base(config, "gpu_report")
     for text in targets or []:
         try:
             reports.append(parse_report_target(str(text), base, os.environ))
         except ValueError as exc:
-            raise pytest.UsageError(f"gpu_report / --gpu-report: {exc}") from None
+            raise usage_error(config, "gpu_report", str(exc)) from None
     try:
         annotations = parse_annotations(read(config, "gpu_annotations"), os.environ)
     except ValueError as exc:
-        raise pytest.UsageError(f"gpu_annotations / --gpu-annotations: {exc}") from None
+        raise usage_error(config, "gpu_annotations", str(exc)) from None
     facts_out, base = read_with_base(config, "gpu_facts_out")
     try:
         facts_path = resolve_path(str(facts_out), base) if facts_out else None
     except ValueError as exc:
-        raise pytest.UsageError(f"gpu_facts_out / --gpu-facts-out: {exc}") from None
+        raise usage_error(config, "gpu_facts_out", str(exc)) from None
     if reports or facts_path:  # loaded only then: a plain run does not pay for it
         from pytest_gputrain import outputs
 
-        outputs.claim(config, "gpu_report / --gpu-report", [report.path for report in reports])
-        outputs.claim(config, "gpu_facts_out / --gpu-facts-out",
+        outputs.claim(config, given_as(config, "gpu_report"),
+                      [report.path for report in reports])
+        outputs.claim(config, given_as(config, "gpu_facts_out"),
                       [facts_path] if facts_path else [])
     return Settings(
         diagnose=diagnosis_requested(config, table),

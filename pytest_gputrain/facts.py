@@ -364,7 +364,12 @@ _SESSION_NAMES: contextvars.ContextVar[
 
 @contextlib.contextmanager
 def session_namespace_of(env: EnvironmentFacts) -> Iterator[None]:
-    """Within the block, ``session_namespace(env)`` is built once and copied."""
+    """Within the block, ``session_namespace(env)`` is built once and copied (a block inside
+    another one for the same environment builds nothing more)."""
+    cached = _SESSION_NAMES.get()
+    if cached is not None and cached[0] is env:
+        yield
+        return
     token = _SESSION_NAMES.set((env, _build_session_namespace(env)))
     try:
         yield

@@ -44,6 +44,9 @@ class Finding(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
     params: dict[str, Any] = Field(default_factory=dict)
     references: list[str] = Field(default_factory=list)
+    explained_by: str | None = Field(
+        default=None, description="the code of the finding (of the session, or of the same "
+        "test) that explains this one's cost: this finding then offers that finding's fix")
 
     @property
     def rank(self) -> int:

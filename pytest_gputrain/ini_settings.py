@@ -36,6 +36,7 @@ class ProjectSettings:
     ini_folder: Path  # where the ini file's relative paths start (``options.ini_folder``)
     values: dict[str, Any] = field(default_factory=dict)
     deprecations: list[str] = field(default_factory=list)  # old ini names in use
+    ini_file: Path | None = None  # the file the values come from, where there is one
 
 
 class _ReadAndStop:
@@ -48,7 +49,8 @@ class _ReadAndStop:
         self.settings = ProjectSettings(
             rootpath=Path(config.rootpath), ini_folder=ini_folder(config),
             values={name: ini_value(config, name) for name in self.names},
-            deprecations=renamed_in_use(config))
+            deprecations=renamed_in_use(config),
+            ini_file=Path(config.inipath) if config.inipath else None)
         return 0  # firstresult: pytest runs no session
 
 

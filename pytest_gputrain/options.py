@@ -162,6 +162,28 @@ def read(config: pytest.Config, ini: str) -> Any:
     return ini_value(config, ini) if value is None else value
 
 
+def given_as(config: pytest.Config, ini: str) -> str:
+    """The setting ``ini`` as the user gave it, for a message to name: its flag where the
+    command line gives it (``--gpu-regression``, ``--no-gpu-share``), ``-o gpu_regression``
+    where ``-o`` does, else the ini name in its file (``gpu_regression in pyproject.toml``; an
+    old name where only that is set)."""
+    value = config.getoption(ini, default=None)
+    if value is not None:
+        flag = "--" + ini.replace("_", "-")  # the naming rule
+        return "--no-" + flag.removeprefix("--") if value is False else flag
+    overrides = config.getoption("override_ini", default=None) or []
+    old = OLD_INI_NAME.get(ini)
+    name = old if old is not None and not config.getini(ini) and config.getini(old) else ini
+    if any(str(item).partition("=")[0].strip() == name for item in overrides):
+        return f"-o {name}"
+    return f"{name} in {config.inipath.name if config.inipath else 'the ini file'}"
+
+
+def usage_error(config: pytest.Config, ini: str, message: str) -> pytest.UsageError:
+    """A usage error about the value of ``ini``, naming the option as the user gave it."""
+    return pytest.UsageError(f"{given_as(config, ini)}: {message}")
+
+
 def ini_value(config: pytest.Config, ini: str) -> Any:
     """The ini file's value of ``ini``, or of its old name where only that is set."""
     value = config.getini(ini)

@@ -16,7 +16,7 @@ from pytest_gputrain.xdist import is_xdist_worker
 
 if TYPE_CHECKING:
     from pytest_gputrain.engine.evaluate import RuleEngine
-    from pytest_gputrain.engine.rule_settings import RuleConfig
+    from pytest_gputrain.engine.rule_settings import RuleConfig, SettingError
 
 # The features: each module declares its options, hooks and rule scopes, and keeps its own
 # import light (no torch/pydantic at load). The probe comes first so that `pytest --help` lists
@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
         WorkerDiagnosis,
     )
 
-    engine = load_engine(rule_config)
+    engine = load_engine(config, rule_config)
     # Workers run the tests: their features record, and the records go to the controller,
     # which diagnoses the environment once and reports everything.
     session: Diagnosis = (WorkerDiagnosis(config, engine) if is_xdist_worker(config)
@@ -124,10 +124,19 @@ def read_rule_config(config: pytest.Config) -> RuleConfig | None:
             base_dir=base,
         )
     except SettingError as exc:
-        raise pytest.UsageError(f"gputrain: {exc}") from None
+        raise setting_error(config, exc) from None
 
 
-def load_engine(rule_config: RuleConfig | None) -> RuleEngine:
+def setting_error(config: pytest.Config, exc: SettingError) -> pytest.UsageError:
+    """A rule setting's error, naming the setting as the user gave it (``--gpu-select`` or
+    ``gpu_select in pytest.ini``)."""
+    if exc.setting in options.RULE_SETTINGS:
+        return pytest.UsageError(f"gputrain: {options.given_as(config, exc.setting)}: "
+                                 f"{exc.problem}")
+    return pytest.UsageError(f"gputrain: {exc}")
+
+
+def load_engine(config: pytest.Config, rule_config: RuleConfig | None) -> RuleEngine:
     """The rule engine with the project's settings; bad rule files or settings are usage errors."""
     from pytest_gputrain.engine.evaluate import RuleEngine
     from pytest_gputrain.engine.rule_settings import SettingError
@@ -135,5 +144,7 @@ def load_engine(rule_config: RuleConfig | None) -> RuleEngine:
 
     try:
         return RuleEngine.load(rule_config)
-    except (RuleFileError, SettingError) as exc:
+    except RuleFileError as exc:
         raise pytest.UsageError(f"gputrain: {exc}") from None
+    except SettingError as exc:
+        raise setting_error(config, exc) from None

@@ -196,7 +196,7 @@ def straggler() -> Case:
 def benchmark_comparison() -> Case:
     """The healthy run's session, and the regression gate's comparison of a 6 % slower step."""
     from pytest_gputrain.regression.compare import GateReport, GateSettings, MetricComparison
-    from pytest_gputrain.regression.output import report_json
+    from pytest_gputrain.regression.output import report_section
 
     comparison = MetricComparison(
         nodeid="tests/perf/test_step.py::test_resnet_step", metric="step_time",
@@ -206,7 +206,12 @@ def benchmark_comparison() -> Case:
         detectable=0.011, reason="4 sessions a side, spread 0.31 %")
     gate = GateReport(GateSettings({"step_time": 0.025}), comparisons=[comparison],
                       compare_spec="base-17")
-    section = report_json(gate)
+    section = report_section(gate)  # as the gate hands it to the diagnosis
+    # The healthy test was gated too: its baseline's rounds, 5 % faster than its steps now.
+    steady = sorted(healthy().facts.records["run"][0]["step_times"])[100]
+    rounds = [[round(steady / 1.05 * (1 + 0.002 * ((k * 7 + s) % 5 - 2)), 6) for k in range(30)]
+              for s in range(3)]
+    section["steps"] = {NODE: {"metric": "step_time", "baseline": rounds, "current": []}}
     return Case("benchmark_comparison", healthy().facts, {"benchmarks": section})
 
 
@@ -235,8 +240,9 @@ def ladder() -> Case:
 
 
 def many_tests(count: int) -> Case:
-    """``count`` recorded runs like the healthy one (every fifth starved), each of 3,000 steps
-    and over two minutes of NVML samples: the size of a large suite's report."""
+    """``count`` recorded runs like the healthy one (every third starved: a warning, GT102),
+    each of 3,000 steps and over two minutes of NVML samples: the size of a large suite's
+    report."""
     base = load_fact_set("run_healthy_h200")
     step_times = [0.9] + [0.0455 + 0.002 * math.sin(k / 7) for k in range(2999)]
     timelines = {
@@ -248,18 +254,48 @@ def many_tests(count: int) -> Case:
     }
     runs = []
     for index in range(count):
-        starved = index % 5 == 0
+        starved = index % 3 == 0
         run = copy.deepcopy(base["runs"][0])
         run["nodeid"] = f"tests/test_suite_{index // 50}.py::test_train[{index}]"
         run["timeline"] = timelines[starved]
-        if starved:
-            run["loader"].update(num_workers=0, wait_percent=40.0)
-            run["nvml"]["utilization_mean"] = 31.0
+        if starved:  # as starved_loader(): GT102 fires
+            run["loader"].update(num_workers=0, wait_percent=71.0, wait_per_step=0.11)
+            run["profile"]["busy_percent"] = 21.0
+            run["nvml"]["utilization_mean"] = 25.0
+            run["step_time"] = 0.155
         runs.append(run)
     base["runs"] = runs
     return Case("many_tests", _facts(base))
 
 
+# The recorded H200 samples a suite of known faults is made of (tests/facts/h200_samples/):
+# five failures (three of them out of memory, one in a forked DataLoader worker), a starved
+# loader, checkpoints every step, a forgotten profiler, a loss that turns NaN, memory growth,
+# stalls, syncs and a healthy run.
+H200_SUITE = ("starved_loader", "oom_failure", "other_process_oom", "fraction_restored_oom",
+              "cuda_in_dataset", "device_mismatch", "checkpoint_every_step", "profiler_left_on",
+              "nonfinite_loss", "memory_growth", "host_stalls", "sync_heavy", "healthy_resnet",
+              "compile_recompiles")
+
+
+def h200_suite(samples: tuple[str, ...] = H200_SUITE) -> Case:
+    """One session of the recorded H200 samples: their records together, on the environment
+    the first was recorded in (every sample ran on the same lent H200)."""
+    sets = [load_fact_set(f"h200_samples/{name}") for name in samples]
+    data = sets[0]
+    for other in sets[1:]:
+        for key in ("runs", "failures", "distributed"):
+            data.setdefault(key, [])
+            data[key].extend(other.get(key) or [])
+    return Case("h200_suite", _facts(data))
+
+
+def h200_sample(name: str) -> Case:
+    """One recorded H200 sample as its own session."""
+    return Case(name, _facts(load_fact_set(f"h200_samples/{name}")))
+
+
 CASES = {"healthy": healthy, "starved_loader": starved_loader, "out_of_memory": out_of_memory,
          "throttled": throttled, "straggler": straggler,
-         "benchmark_comparison": benchmark_comparison, "ladder": ladder}
+         "benchmark_comparison": benchmark_comparison, "ladder": ladder,
+         "h200_suite": h200_suite}

@@ -38,7 +38,7 @@ FEATURE_OF = {"assertions": "assertions", "probe": "probe", "regression": "regre
 KNOWN_CYCLES: set[frozenset[str]] = set()
 # The condition language (engine/expr/), bottom to top: a module imports only those before it.
 EXPR_LAYERS = ("limits", "errors", "values", "operations", "functions", "tree", "tokens",
-               "parser", "templates")
+               "parser", "templates", "reading")
 
 
 def module_names(package: Path = PACKAGE) -> dict[str, Path]:

@@ -108,7 +108,7 @@ def test_annotations_can_be_asked_for_and_refused(
     refused = _run(pytester, "-o", "gpu_annotations=never")
     assert not [line for line in refused.outlines if line.startswith("::")]
     bad = _run(pytester, "--gpu-annotations=sometimes")
-    bad.stderr.fnmatch_lines(["*gpu_annotations / --gpu-annotations: 'sometimes' is not a "
+    bad.stderr.fnmatch_lines(["*--gpu-annotations: 'sometimes' is not a "
                               "setting for workflow annotations; expected one of auto, always, "
                               "never"])
 

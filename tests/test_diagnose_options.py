@@ -55,11 +55,12 @@ def test_outputs_in_the_ini_file_turn_it_on_settings_alone_do_not(
     ("gpu_fail_on = sometimes",
      "*gpu_fail_on*'sometimes' is not a severity that fails the session; expected one of error, "
      "warning*"),
-    ("gpu_select = G!", "*gpu_select: 'G!' is not a rule code or code prefix*"),
-    ("gpu_ignore = XY0", "*gpu_ignore: 'XY0' is not a rule code or code prefix*"),
+    ("gpu_select = G!", "*gpu_select in tox.ini: 'G!' is not a rule code or code prefix*"),
+    ("gpu_ignore = XY0", "*gpu_ignore in tox.ini: 'XY0' is not a rule code or code prefix*"),
     ("gpu_severity = GT016=fatal", "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
-    ("gpu_rule_param = GT016.min_shm", "*gpu_rule_param: 'GT016.min_shm' must be CODE.PARAM*"),
-    ("gpu_probe = maybe", "*gpu_probe / --gpu-probe: 'maybe' must be on or off*"),
+    ("gpu_rule_param = GT016.min_shm",
+     "*gpu_rule_param in tox.ini: 'GT016.min_shm' must be CODE.PARAM*"),
+    ("gpu_probe = maybe", "*gpu_probe in tox.ini: 'maybe' must be on or off*"),
     ("gpu_profile_steps = 1-3", "*gpu_profile_steps*'1-3': the window must start at step 2*"),
 ])
 def test_a_bad_ini_value_is_an_error_without_the_diagnosis(
@@ -73,20 +74,20 @@ def test_a_bad_ini_value_is_an_error_without_the_diagnosis(
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu-select=GT999"], "*gpu_select: the code GT999 matches no rule (the rules are GT001 "
+    (["--gpu-select=GT999"], "*--gpu-select: the code GT999 matches no rule (the rules are GT001 "
                              "to GT*: `python -m pytest_gputrain rules` lists them)*"),
-    (["--gpu-ignore=GT999"], "*gpu_ignore: the code GT999 matches no rule*"),
-    (["--gpu-select=GT4"], "*gpu_select: the code prefix GT4 matches no rule*"),
+    (["--gpu-ignore=GT999"], "*--gpu-ignore: the code GT999 matches no rule*"),
+    (["--gpu-select=GT4"], "*--gpu-select: the code prefix GT4 matches no rule*"),
     (["--gpu-select=GT0", "--gpu-ignore=GT0"],
-     "*gpu_select / gpu_ignore leave no rule to run (select GT0, ignore GT0)*"),
-    (["--gpu-probe=maybe"], "*gpu_probe / --gpu-probe: 'maybe' must be on or off*"),
-    (["--gpu-profile-steps=x"], "*gpu_profile_steps*'x' is not a step range*"),
+     "*gpu_select / gpu_ignore: the two leave no rule to run (select GT0, ignore GT0)*"),
+    (["--gpu-probe=maybe"], "*: --gpu-probe: 'maybe' must be on or off*"),
+    (["--gpu-profile-steps=x"], "*--gpu-profile-steps*'x' is not a step range*"),
     (["--gpu-report=~no-such-user-here/r.md"],
-     "*gpu_report / --gpu-report: '~no-such-user-here/r.md': cannot expand '~'*"),
+     "*: --gpu-report: '~no-such-user-here/r.md': cannot expand '~'*"),
     (["--gpu-facts-out=~no-such-user-here/f.json"],
-     "*gpu_facts_out / --gpu-facts-out: '~no-such-user-here/f.json': cannot expand '~'*"),
+     "*: --gpu-facts-out: '~no-such-user-here/f.json': cannot expand '~'*"),
     (["--gpu-store=~no-such-user-here/s.db", "--gpu-save=main"],
-     "*gpu_store / --gpu-store: '~no-such-user-here/s.db': cannot expand '~'*"),
+     "*: --gpu-store: '~no-such-user-here/s.db': cannot expand '~'*"),
 ])
 def test_rule_codes_that_select_nothing_and_bad_values_are_usage_errors(
     pytester: pytest.Pytester, args: list[str], message: str

@@ -77,7 +77,7 @@ def test_a_path_without_a_known_suffix_says_how_to_name_the_format(
 ) -> None:
     result = diagnosed.runpytest("--gpu-report=step_summary_abc123")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*gpu_report / --gpu-report: 'step_summary_abc123' must end in "
+    result.stderr.fnmatch_lines(["*: --gpu-report: 'step_summary_abc123' must end in "
                                  ".json, .md or .html, or name its format: md:PATH, json:PATH "
                                  "or html:PATH*"])
 

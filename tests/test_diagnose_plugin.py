@@ -23,12 +23,24 @@ def test_empty_folder_on_a_machine_without_gpu_exits_0_and_explains(
     result = pytester.runpytest("--gpu-diagnose")
     assert result.ret == 0
     result.stdout.fnmatch_lines([
-        "gputrain: no NVIDIA GPU visible: the NVIDIA driver is not installed*",
+        "gputrain: no NVIDIA GPU visible: see GT001 in the diagnosis below",
         "gputrain: torch * (CPU-only build)",
         "*= gputrain diagnosis =*",
         "WARNING GT001 no-nvidia-driver: *",
         "    where: session",
+        "    No NVIDIA GPU can be used here: the NVIDIA driver is not installed*",
     ])
+
+
+def test_the_header_says_why_there_is_no_gpu_where_no_finding_does(
+    pytester: pytest.Pytester, use_facts: Callable[..., Any]
+) -> None:
+    use_facts("cpu_laptop")
+    result = pytester.runpytest("--gpu-diagnose", "--gpu-ignore=GT001")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["gputrain: no NVIDIA GPU visible: the NVIDIA driver is not "
+                                 "installed*"])
+    assert "GT001" not in result.stdout.str()
 
 
 def test_real_machine_diagnosis_never_crashes(pytester: pytest.Pytester) -> None:
@@ -128,11 +140,12 @@ def test_json_and_markdown_reports(
     ("args", "message"),
     [
         (["--gpu-fail-on=sometimes"],
-         "*gpu_fail_on*'sometimes' is not a severity that fails the session; expected one of "
+         "*--gpu-fail-on*'sometimes' is not a severity that fails the session; expected one of "
          "error, warning*"),
-        (["--gpu-report=report.txt"], "*gpu_report*'report.txt' must end in .json, .md or .html*"),
-        (["--gpu-severity=GT016=fatal"], "*gpu_severity*'GT016=fatal' must be CODE=LEVEL*"),
-        (["--gpu-severity=GT999=error"], "*gpu_severity: no rule with code GT999*"),
+        (["--gpu-report=report.txt"],
+         "*--gpu-report*'report.txt' must end in .json, .md or .html*"),
+        (["--gpu-severity=GT016=fatal"], "*--gpu-severity*'GT016=fatal' must be CODE=LEVEL*"),
+        (["--gpu-severity=GT999=error"], "*--gpu-severity: no rule with code GT999*"),
         (["--gpu-rule-param=GT016.min_shm=lots"], "*GT016.min_shm='lots'*invalid size*"),
         (["--gpu-rule-param=GT016.nope=1"], "*GT016 has no parameter 'nope'*"),
         (["--gpu-rule-param=GT016.min_shm=" + "9" * 5000],
@@ -140,7 +153,7 @@ def test_json_and_markdown_reports(
         (["--gpu-rule-param=GT016.min_shm=1e400"], "*GT016.min_shm='1e400': invalid size*"),
         (["--gpu-rule-param=GT102.max_wait_percent=nan"],
          "*GT102.max_wait_percent='nan': not a finite number of at most 18 digits*"),
-        (["--gpu-select=G!"], "*gpu_select*'G!' is not a rule code*"),
+        (["--gpu-select=G!"], "*--gpu-select*'G!' is not a rule code*"),
         (["--gpu-rules-dir=missing"], "*missing: rule directory does not exist*"),
     ],
 )

@@ -117,7 +117,7 @@ PARSERS: list[tuple[str, Callable[[str], Any], tuple[type[BaseException], ...]]]
      (ValueError,)),
     ("parse_profile_steps", parse_profile_steps, (ValueError,)),
     ("parse_default_max_vram", parse_default_max_vram, (MarkerError,)),
-    ("parse_per_worker", parse_per_worker, (pytest.UsageError,)),
+    ("parse_per_worker", parse_per_worker, (ValueError,)),
     ("parse_size", parse_size, (ValueError,)),
     ("parse_percent", parse_percent, (ValueError,)),
 ]

@@ -83,17 +83,27 @@ def test_recorded_sample_gets_its_expected_codes(name: str) -> None:
 
 # "Nothing is wrong with the batch; what is left is fewer launches" (GT137) and "bound by Python
 # and kernel launch overhead" (GT105) blame the idle GPU on launches. Beside a finding that
-# explains the same idle time otherwise, the run's findings would contradict each other.
+# explains the same idle time otherwise, the run's findings would contradict each other: the
+# launch-bound finding stands down (its condition) or defers to the cause (a rule that
+# ``explains`` its cost: it then names the cause and offers the cause's fix).
 LAUNCH_BOUND = {"GT105", "GT137"}
 IDLE_EXPLAINED_BY = {"GT102", "GT103", "GT104", "GT117", "GT123", "GT140", "GT143"}
 
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_recorded_sample_findings_agree_about_the_idle_gpu(name: str) -> None:
+    findings = recorded_findings(name)
+    causes = {rule.code for rule in engine(()).rules if "host-overhead" in rule.explains}
     by_subject: dict[str, set[str]] = {}
-    for finding in recorded_findings(name):
+    session = {f.code for f in findings if f.scope in ("session", "device")}
+    for finding in findings:
         if finding.scope == "run":
             by_subject.setdefault(finding.subject, set()).add(finding.code)
     for subject, codes in by_subject.items():
         assert not (codes & LAUNCH_BOUND and codes & IDLE_EXPLAINED_BY), (
             f"{name}, {subject}: {sorted(codes)}")
+        explained = (codes | session) & causes
+        for finding in findings:
+            if finding.subject == subject and finding.code in LAUNCH_BOUND and explained:
+                assert finding.explained_by in explained and finding.severity == "info", (
+                    f"{name}, {subject}: {finding.code} beside {sorted(explained)}")

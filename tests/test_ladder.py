@@ -7,11 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 from pytest_gputrain.ladder.headroom import (
     MARGIN,
+    StepPeaks,
     fit_line,
     fit_upper_line,
+    predict,
     predict_largest,
     probes_below,
     take_probes,
@@ -48,10 +51,16 @@ def test_no_growth_means_no_prediction() -> None:
         fit_line([(8, 100), (8, 120)])
 
 
-def _planned(peak_of: Callable[[int], int], first: int, fixed: int, budget: int
-             ) -> list[tuple[int, int]]:
-    """The probes the ladder takes against a memory model ``peak_of(batch)``."""
-    return take_probes(first, peak_of(first), fixed, budget, peak_of)
+def _planned(peak_of: Callable[[int], int], first: int, fixed: int, budget: int,
+             optimizer_peak: int | None = None) -> list[tuple[int, int]]:
+    """The probes the ladder takes against a memory model: ``peak_of(batch)`` outside the
+    optimizer's step, ``optimizer_peak`` inside it; (batch, whole peak) each."""
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(peak_of(batch), optimizer_peak)
+
+    probes = take_probes(first, peaks_of(first), fixed, budget, peaks_of)
+    return [(batch, peaks.whole) for batch, peaks in probes]
 
 
 def test_probes_climb_to_two_thirds_of_the_budget_and_no_further() -> None:
@@ -87,10 +96,104 @@ def test_prediction_from_the_upper_probes_reaches_097_of_a_convex_true_limit() -
 def test_a_first_batch_past_a_third_of_the_budget_probes_below_it() -> None:
     per_sample, fixed = 5_000_000, 1_000_000_000
     budget = fixed + 1200 * per_sample
-    assert probes_below(1000, fixed + 1000 * per_sample, fixed, budget) == [500, 250]
-    assert probes_below(32, fixed + 32 * per_sample, fixed, budget) == []
+    assert probes_below(1000, StepPeaks(fixed + 1000 * per_sample), fixed, budget) == [500, 250]
+    assert probes_below(32, StepPeaks(fixed + 32 * per_sample), fixed, budget) == []
     probes = _planned(lambda b: fixed + b * per_sample, 1000, fixed, budget)
     assert [b for b, _ in probes] == [1000, 500, 250]
+
+
+def test_an_update_above_the_forward_and_backward_of_small_batches_bounds_nothing() -> None:
+    """AdamW's update (parameters, gradients, two state tensors, its foreach temporaries) does
+    not grow with the batch, and on a model heavy in parameters it peaks above the forward and
+    backward of the first probes. Whole-step peaks are flat there: the probes stop early and
+    nothing is predicted. Each phase's own line finds the batch."""
+    fixed, budget, per_sample = 1_000_000_000, 12 * 2**30, 3_000_000
+    update = fixed + 2_500_000_000  # above the forward and backward up to batch 833
+
+    def outside(batch: int) -> int:
+        return fixed + per_sample * batch
+
+    whole = _planned(lambda b: max(outside(b), update), 32, fixed, budget)
+    assert [peak for _, peak in whole] == [update, update]  # flat: the probes stopped at two
+    assert predict_largest(fit_upper_line(whole), budget, MARGIN) is None
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(outside(batch), update)
+
+    probes = take_probes(32, peaks_of(32), fixed, budget, peaks_of)
+    assert len(probes) == 3
+    predicted = predict(probes, budget, MARGIN)
+    true_largest = (budget - fixed) // per_sample
+    assert predicted is not None and 0.97 <= predicted / true_largest <= 1.0
+
+
+def test_probes_climb_past_batches_where_the_gradients_outweigh_the_activations() -> None:
+    """A 67M-parameter MLP on 4096-wide vectors: up to batch 2700 the gradients (270 MB), not
+    the activations (100 kB a sample), make the forward and backward's peak. The line through
+    two such probes understated the cost per sample 12 times and put the third probe at 6.4
+    times the budget. Bounded by what the largest probe alone says, the probes climb until the
+    peak grows with the batch, and stay under the budget."""
+    fixed, budget = 800_000_000, 4 * 2**30
+    gradients, activations, tail = 270_000_000, 100_000, 8_000
+
+    def peaks_of(batch: int) -> StepPeaks:
+        return StepPeaks(fixed + max(activations * batch, gradients + tail * batch),
+                         fixed + 2 * gradients)
+
+    probes = take_probes(32, peaks_of(32), fixed, budget, peaks_of)
+    assert all(peaks.whole < 0.75 * budget for _, peaks in probes), probes
+    assert 3 < len(probes) <= 6
+    predicted = predict(probes, budget, MARGIN)
+    true_largest = max(b for b in range(1, 100_000) if peaks_of(b).whole <= budget)
+    assert predicted is not None and 0.97 <= predicted / true_largest <= 1.0
+
+
+def test_a_phase_that_grows_bounds_the_batch_whichever_it_is() -> None:
+    # An optimizer whose step runs the forward and backward itself (LBFGS's closure): the
+    # phase inside the step is the one that grows, and it decides.
+    fixed, budget = 1_000_000_000, 12 * 2**30
+    probes = [(b, StepPeaks(fixed + 1_000 * b, fixed + 10_000_000 * b)) for b in (32, 300, 700)]
+    assert predict(probes, budget, 0.0) == (budget - fixed) // 10_000_000
+    assert predict([(b, StepPeaks(fixed, fixed)) for b in (32, 64)], budget) is None
+
+
+def test_peaks_are_read_on_each_side_of_a_real_optimizers_step() -> None:
+    import torch
+
+    from pytest_gputrain.ladder.peaks import PeaksAroundOptimizerStep
+
+    memory = {"now": 100, "peak": 100}
+
+    def use(nbytes: int) -> None:  # what the allocator's peak would see
+        memory["peak"] = max(memory["peak"], nbytes)
+
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with PeaksAroundOptimizerStep(optimizer, read_peak=lambda: memory["peak"],
+                                  reset_peak=lambda: memory.update(peak=memory["now"])) as peaks:
+        # Hooks run in the order registered: this one runs inside the step, after the reset.
+        inside = optimizer.register_step_pre_hook(lambda *args: use(900))
+        for forward_and_backward in (500, 700):
+            use(forward_and_backward)
+            model(torch.randn(3, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        use(300)  # after the last update
+    assert peaks.result() == StepPeaks(outside=700, optimizer=900)
+    inside.remove()
+    assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    assert next(iter(optimizer.state.values()))["step"] == 2  # the steps really ran
+
+    class NoHooks:  # an optimizer-like object without step hooks
+        def step(self) -> None:
+            use(900)
+
+    memory.update(peak=100)
+    with PeaksAroundOptimizerStep(NoHooks(), read_peak=lambda: memory["peak"],
+                                  reset_peak=lambda: memory.update(peak=memory["now"])) as peaks:
+        use(500)
+        NoHooks().step()
+    assert peaks.result() == StepPeaks(outside=900, optimizer=None)
 
 
 def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) -> None:
@@ -150,9 +253,10 @@ def test_ladder_rungs_on_cpu_and_the_session_table(pytester: pytest.Pytester) ->
     result.assert_outcomes(passed=2 if cuda else 3, skipped=1 if cuda else 0)
     result.stdout.fnmatch_lines([
         "*gputrain readiness ladder: toy*",
-        "run*batch*step time*speed-up*peak VRAM*util*temp*val acc*",
+        "run*batch*step time*speed-up*val acc",
         "CPU fp32 one batch*16*",
         "CPU fp32 short run*64*1.0×*",
+        "not shown, as no rung measured them: peak VRAM, util and temp (need a GPU rung)",
     ])
 
 
@@ -286,42 +390,144 @@ def test_workers_rows_merge_in_worker_order() -> None:
                                                                          "gw10"]
 
 
-class _ModelledLadder:
-    """A ladder whose peaks come from a memory model instead of a GPU: the rung's control flow
-    (probes, prediction, verification and its one retry) on any machine."""
+class _ModelledAllocator:
+    """``torch.cuda`` as the ladder reads it, over a memory model: the rung's own code (its
+    release of what it made, its reads of the peaks, its verification and retry) runs on any
+    machine.
 
-    def __init__(self, peak_of: Callable[[int], int], true_limit: int) -> None:
-        self.peak_of, self.true_limit = peak_of, true_limit
-        self.measured: list[int] = []
+    A step at batch ``b`` peaks at ``peak_of(b)`` bytes. It runs out of memory when that, plus
+    what live tensors strand, passes ``true_limit`` (where a fresh process stops). Tensors are
+    placed when they are made: a model's parameters among the segments the cache holds (in an
+    emptied allocator they get segments of their own and strand nothing), an optimizer's state
+    at its first step among that batch's segments. Placed at batch ``p``, they strand
+    ``stranded`` bytes for a step at any other batch while they live: the free pieces of the
+    segments they pin, the wrong sizes for that batch's blocks. (A fresh process at ``p`` has
+    the same pieces, and ``true_limit`` counts them.) The optimizer's update peaks at
+    ``update_peak`` whatever the batch (None: below every forward and backward)."""
+
+    OutOfMemoryError = torch.OutOfMemoryError
+
+    def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
+                 update_peak: int | None = None, fixed: int = 1_000_000_000) -> None:
+        import weakref
+
+        self.peak_of, self.true_limit, self.stranded, self.fixed = (peak_of, true_limit,
+                                                                    stranded, fixed)
+        self.update_peak = update_peak
+        self.placed: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
+        self.cached_batch: int | None = None  # the batch whose segments the cache holds
+        self.peak = fixed
+        self.steps: list[int] = []  # the batch of every step tried, in order
+
+    def made(self, model: Any) -> None:
+        self.placed[model] = self.cached_batch
+
+    def step(self, optimizer: Any, batch: int) -> None:
+        self.steps.append(batch)
+        self.placed.setdefault(optimizer, batch)
+        self.cached_batch = batch  # what the step allocated, up to an OOM too, stays cached
+        if self.peak_of(batch) + self.stranding(batch) > self.true_limit:
+            raise self.OutOfMemoryError("CUDA out of memory (modelled)")
+        self.peak = max(self.peak, self.peak_of(batch))
+
+    def update(self) -> None:
+        if self.update_peak is not None:
+            if self.update_peak > self.true_limit:
+                raise self.OutOfMemoryError("CUDA out of memory (modelled, in the update)")
+            self.peak = max(self.peak, self.update_peak)
+
+    def stranding(self, batch: int | None) -> int:
+        """Bytes that live tensors placed at another batch than ``batch`` strand."""
+        return sum(self.stranded for at in list(self.placed.values())
+                   if at is not None and at != batch)
+
+    # -- what the ladder calls -----------------------------------------------------------------
+
+    def synchronize(self, device: Any = None) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        self.cached_batch = None  # free segments go back; the ones live tensors pin stay
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self.peak = self.fixed
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.peak
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.fixed
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.fixed + self.stranding(None)
+
+
+class _ModelledSGD(torch.optim.SGD):
+    """A real optimizer (its step hooks fire) whose step also takes the modelled update's
+    memory. Its ``step`` calls ``super().step()``, so the hooks fire nested, as they do for a
+    project's own subclass of an optimizer."""
+
+    def __init__(self, params: Any, allocator: _ModelledAllocator) -> None:
+        super().__init__(params, lr=0.1)
+        self.allocator = allocator
+
+    def step(self, closure: Any = None) -> Any:
+        self.allocator.update()
+        return super().step(closure)
+
+
+class _ModelledLadder:
+    """A ladder whose steps run on a :class:`_ModelledAllocator` instead of a GPU. The project's
+    model and optimizer are real (CPU) objects, so whether the rung keeps them alive is real."""
+
+    def __init__(self, peak_of: Callable[[int], int], true_limit: int, stranded: int = 0,
+                 update_peak: int | None = None, keep_optimizers: bool = False) -> None:
+        self.allocator = _ModelledAllocator(peak_of, true_limit, stranded, update_peak)
+        # A project that keeps every optimizer it is handed (in a list, for its logs).
+        self.kept: list[Any] | None = [] if keep_optimizers else None
+
+    def optimizer(self, model: Any) -> Any:
+        optimizer = _ModelledSGD(model.parameters(), self.allocator)
+        if self.kept is not None:
+            self.kept.append(optimizer)
+        return optimizer
 
     def make(self, monkeypatch: pytest.MonkeyPatch) -> Any:
-        import torch
+        import itertools
+        from types import SimpleNamespace
 
         from pytest_gputrain.ladder import Ladder, LadderSpec, rungs
 
-        modelled = self
-        monkeypatch.setattr(rungs, "_settled_allocated", lambda torch, dev: 1_000_000_000)
-        monkeypatch.setattr(rungs, "_release", lambda torch, dev: None)
+        allocator = self.allocator
+        monkeypatch.setattr(rungs, "_torch", lambda: SimpleNamespace(
+            cuda=allocator, OutOfMemoryError=allocator.OutOfMemoryError))
 
         class Modelled(Ladder):
             def _device(self, name: str) -> Any:
-                return torch.device("cpu")
+                return SimpleNamespace(type="cuda", index=0)
 
-            def _run_steps(self, *args: Any, **kwargs: Any) -> list[float]:
-                return [1.0]
+            def _fresh(self, device: Any) -> tuple[Any, Any]:
+                model = self.spec.make_model()
+                allocator.made(model)
+                return model, self.spec.make_optimizer(model)
 
-            def _peak(self, model: Any, optimizer: Any, device: Any, precision: str,
-                      batch: int) -> int:
-                modelled.measured.append(batch)
-                peak = modelled.peak_of(batch)
-                if peak > modelled.true_limit:
-                    raise torch.OutOfMemoryError("CUDA out of memory (modelled)")
-                return peak
+            def _run_steps(self, model: Any, optimizer: Any, device: Any, precision: str,
+                           batches: Any, steps: int) -> list[float]:
+                for _ in range(steps):
+                    allocator.step(optimizer, next(batches))  # the forward and backward
+                    optimizer.step()
+                return [1.0] * steps
 
         spec = LadderSpec(name="modelled", make_model=lambda: torch.nn.Linear(2, 2),
-                          make_optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
-                          batches=lambda size: iter(()), step=lambda *a: 0.0)
+                          make_optimizer=self.optimizer,
+                          batches=lambda size: itertools.repeat(size), step=lambda *a: 0.0)
         return Modelled(spec)
+
+
+def _measured(start: int, probes: list[tuple[int, int]], verified: list[int]) -> list[int]:
+    """The steps of a rung: one at ``start`` first, then two at each probe and verification."""
+    return [start] + [b for b, _ in probes for _ in range(2)] + [b for b in verified
+                                                                for _ in range(2)]
 
 
 def test_largest_batch_takes_three_probes_and_verifies_the_prediction(
@@ -332,20 +538,25 @@ def test_largest_batch_takes_three_probes_and_verifies_the_prediction(
     assert len(result.probes) == 3 and result.verified and not result.note
     true_largest = (budget - 1_000_000_000) // 20_000_000
     assert 0.97 <= result.predicted / true_largest <= 1.0
-    assert modelled.measured == [b for b, _ in result.probes] + [result.predicted]
+    assert modelled.allocator.steps == _measured(32, result.probes, [result.predicted])
+    assert result.left_by_probes == 0
 
 
 def test_a_prediction_that_runs_out_of_memory_is_retried_once_at_a_wider_margin(
         monkeypatch: pytest.MonkeyPatch) -> None:
     budget = 12 * 2**30
-    # The allocator wastes 4 % near the limit: the 2 % margin's batch runs out of memory.
+    # The allocator wastes 4 % near the limit: the 2 % margin's batch runs out of memory. The
+    # retry's model is made after the cache of that failed step is emptied, or its parameters
+    # would pin those segments (3 % of the budget stranded: the retry would fail too).
     modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b,
-                               true_limit=int(budget * 0.96))
+                               true_limit=int(budget * 0.96), stranded=int(budget * 0.03))
     result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
     assert result.verified
-    assert len(modelled.measured) == len(result.probes) + 2
-    assert "ran out of memory on verification" in result.note
-    assert str(modelled.measured[-2]) in result.note and result.predicted == modelled.measured[-1]
+    steps = modelled.allocator.steps
+    out_of_memory, retried = steps[-3], steps[-1]
+    assert steps == _measured(32, result.probes, [retried])[:-2] + [out_of_memory] + [retried] * 2
+    assert result.note == f"batch {out_of_memory} ran out of memory on verification"
+    assert result.predicted == retried < out_of_memory
 
 
 def test_a_peak_over_a_budget_smaller_than_the_gpu_is_retried_too(
@@ -358,5 +569,71 @@ def test_a_peak_over_a_budget_smaller_than_the_gpu_is_retried_too(
     result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
     assert "over the budget" in result.note
     assert result.verified and result.verified_peak is not None
-    assert result.verified_peak <= budget and result.predicted == modelled.measured[-1]
-    assert len(modelled.measured) == len(result.probes) + 2
+    assert result.verified_peak <= budget and result.predicted == modelled.allocator.steps[-1]
+    assert len(modelled.allocator.steps) == 1 + 2 * (len(result.probes) + 2)
+
+
+def test_the_verification_runs_in_an_allocator_the_probes_no_longer_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32's case: the prediction was right, but verified beside the probes' optimizer
+    state (made at the first probe's batch, pinning its segments) it ran out of memory, and
+    the retry at the wider margin settled at 0.945 of what a fresh process fits. Verified in a
+    fresh model and optimizer, in an emptied allocator, it fits at the first try."""
+    budget = 12 * 2**30
+
+    def peak_of(batch: int) -> int:
+        return 1_000_000_000 + 20_000_000 * batch
+
+    true_limit = int(budget * 0.995)  # where a fresh process stops
+    modelled = _ModelledLadder(peak_of, true_limit, stranded=int(budget * 0.03))
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    true_largest = max(b for b in range(1, 10_000) if peak_of(b) <= true_limit)
+    assert result.verified and not result.note, result.note
+    assert 0.97 <= result.predicted / true_largest <= 1.0
+    assert modelled.allocator.steps == _measured(32, result.probes, [result.predicted])
+    # Nothing the rung made is alive: the probes' optimizer, and the verification's.
+    assert result.left_by_probes == 0 and not list(modelled.allocator.placed.values())
+
+
+def test_what_a_project_keeps_of_the_probes_is_named_in_the_note(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the project keeps the optimizers it is handed, the probes' state cannot be freed:
+    the note says how much stayed, and why the verification may run out of memory."""
+    from pytest_gputrain.units import format_bytes
+
+    budget = 12 * 2**30
+    stranded = int(budget * 0.025)  # more than the 2 % margin
+    modelled = _ModelledLadder(lambda b: 1_000_000_000 + 20_000_000 * b,
+                               true_limit=int(budget * 0.995), stranded=stranded,
+                               keep_optimizers=True)
+    result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
+    assert result.left_by_probes == stranded
+    assert result.note.startswith(f"the probes left {format_bytes(stranded)} that emptying the "
+                                  "cache could not free (something outside the rung keeps their "
+                                  "tensors)")
+    assert "ran out of memory on verification" in result.note and result.verified
+
+
+def test_the_rung_predicts_past_an_update_that_outweighs_the_first_probes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_gputrain.ladder.rungs import LadderResults
+    from pytest_gputrain.ladder.table import summary_lines
+    from pytest_gputrain.units import format_bytes
+
+    budget, per_sample = 12 * 2**30, 3_000_000
+    update = 3_500_000_000  # above the forward and backward up to batch 833
+
+    def peak_of(batch: int) -> int:
+        return 1_000_000_000 + per_sample * batch
+
+    true_limit = int(budget * 0.995)
+    modelled = _ModelledLadder(peak_of, true_limit, update_peak=update)
+    ladder = modelled.make(monkeypatch)
+    result = ladder.largest_batch("bf16", start_batch=32, budget=budget)
+    true_largest = max(b for b in range(1, 10_000) if peak_of(b) <= true_limit)
+    assert result.verified and not result.note, result.note
+    assert 0.97 <= result.predicted / true_largest <= 1.0
+    assert result.optimizer_peaks == [update] * 3
+    assert [peak for _, peak in result.probes] == [peak_of(b) for b, _ in result.probes]
+    line = summary_lines(LadderResults("modelled", headroom=[result]))[0]
+    assert f"], optimizer step up to {format_bytes(update)}, verified: peak" in line

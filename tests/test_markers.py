@@ -478,16 +478,16 @@ def test_history_is_recorded_only_for_explicit_max_vram(pytester: pytest.Pyteste
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    ("--gpu-max-vram=6 GiBs", "gpu_max_vram / --gpu-max-vram: invalid size '6 GiBs'*"),
-    ("--gpu-max-vram=6GiB:peak", "gpu_max_vram / --gpu-max-vram: gpu_max_vram: measure: *"),
-    ("--gpu-vram-history=lots", "gpu_vram_history / --gpu-vram-history: 'lots' is not*"),
-    ("--gpu-max-vram=1e400", "gpu_max_vram / --gpu-max-vram: invalid size '1e400': larger than "
+    ("--gpu-max-vram=6 GiBs", "--gpu-max-vram: invalid size '6 GiBs'*"),
+    ("--gpu-max-vram=6GiB:peak", "--gpu-max-vram: gpu_max_vram: measure: *"),
+    ("--gpu-vram-history=lots", "--gpu-vram-history: 'lots' is not*"),
+    ("--gpu-max-vram=1e400", "--gpu-max-vram: invalid size '1e400': larger than "
      "1 EiB*"),
-    ("--gpu-max-vram=nan", "gpu_max_vram / --gpu-max-vram: invalid size 'nan'*"),
-    ("--gpu-vram-history=" + "9" * 5000, "gpu_vram_history / --gpu-vram-history: '9999*'... (5000 "
+    ("--gpu-max-vram=nan", "--gpu-max-vram: invalid size 'nan'*"),
+    ("--gpu-vram-history=" + "9" * 5000, "--gpu-vram-history: '9999*'... (5000 "
      "characters) is not a whole number of entries from 0 to 999999999*"),
-    ("--gpu-vram-history=²", "gpu_vram_history / --gpu-vram-history: '²' is not a whole*"),
-    ("--gpu-per-worker=" + "9" * 5000, "gpu_per_worker / --gpu-per-worker: '9999*'... (5000 "
+    ("--gpu-vram-history=²", "--gpu-vram-history: '²' is not a whole*"),
+    ("--gpu-per-worker=" + "9" * 5000, "--gpu-per-worker: '9999*'... (5000 "
      "characters) is not a whole number >= 1*"),
 ])
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, option: str,

@@ -66,7 +66,8 @@ def test_an_old_name_is_checked_as_the_new_one(pytester: pytest.Pytester) -> Non
     pytester.makeini("[pytest]\ngpu_rule_params = GT016.min_shm\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*gpu_rule_param: 'GT016.min_shm' must be CODE.PARAM=VALUE*"])
+    result.stderr.fnmatch_lines(["*gpu_rule_params in tox.ini: 'GT016.min_shm' must be "
+                                 "CODE.PARAM=VALUE*"])
 
 
 def test_both_names_of_one_setting_is_a_usage_error(pytester: pytest.Pytester) -> None:
@@ -174,19 +175,19 @@ def test_numbers_in_pyproject_are_taken_as_numbers(pytester: pytest.Pytester,
 
 @TYPED_INI
 @pytest.mark.parametrize("setting, value, message", [
-    ("gpu_benchmark_warmup", "-1", "gpu_benchmark_warmup / --gpu-benchmark-warmup: -1 must lie "
+    ("gpu_benchmark_warmup", "-1", "gpu_benchmark_warmup in pyproject.toml: -1 must lie "
      "between 0 and 10000; e.g. 5"),
     ("gpu_benchmark_warmup", "2.5", "*config option 'gpu_benchmark_warmup' expects one of "
      "int | string, got float: 2.5"),
     ("gpu_benchmark_warmup", "true", "*config option 'gpu_benchmark_warmup' expects one of "
      "int | string, got bool: True"),
-    ("gpu_benchmark_max_time", "0", "gpu_benchmark_max_time / --gpu-benchmark-max-time: 0 must "
+    ("gpu_benchmark_max_time", "0", "gpu_benchmark_max_time in pyproject.toml: 0 must "
      "lie between 1e-06 and 3600; e.g. 5"),
-    ("gpu_alpha", "0.7", "gpu_alpha / --gpu-alpha: 0.7 must lie strictly between 0 and 0.5; "
+    ("gpu_alpha", "0.7", "gpu_alpha in pyproject.toml: 0.7 must lie strictly between 0 and 0.5; "
      "e.g. 0.01"),
-    ("gpu_vram_history", "-3", "gpu_vram_history / --gpu-vram-history: '-3' is not a whole number "
+    ("gpu_vram_history", "-3", "gpu_vram_history in pyproject.toml: '-3' is not a whole number "
      "of entries from 0 to 999999999*"),
-    ("gpu_per_worker", "0", "gpu_per_worker / --gpu-per-worker: 0 is not a whole number >= 1*"),
+    ("gpu_per_worker", "0", "gpu_per_worker in pyproject.toml: 0 is not a whole number >= 1*"),
 ])
 def test_a_bad_number_in_pyproject_names_the_setting_and_the_value(
     pytester: pytest.Pytester, setting: str, value: str, message: str
@@ -199,11 +200,11 @@ def test_a_bad_number_in_pyproject_names_the_setting_and_the_value(
 
 
 @pytest.mark.parametrize("setting, message", [
-    ("gpu_benchmark_min_rounds", "gpu_benchmark_min_rounds / --gpu-benchmark-min-rounds: 'lots' "
+    ("gpu_benchmark_min_rounds", "gpu_benchmark_min_rounds in tox.ini: 'lots' "
      "is not a number; e.g. 30"),
-    ("gpu_vram_history", "gpu_vram_history / --gpu-vram-history: 'lots' is not a whole number "
+    ("gpu_vram_history", "gpu_vram_history in tox.ini: 'lots' is not a whole number "
      "of entries*"),
-    ("gpu_alpha", "gpu_alpha / --gpu-alpha: 'lots' is not a number*"),
+    ("gpu_alpha", "gpu_alpha in tox.ini: 'lots' is not a number*"),
 ])
 def test_a_word_where_a_number_belongs_names_the_setting_and_the_value(
     pytester: pytest.Pytester, setting: str, message: str

@@ -112,9 +112,9 @@ def test_a_symbolic_link_stays_and_its_file_gets_the_output(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("option, ini", [
-    ("--gpu-facts-out={}", "gpu_facts_out / --gpu-facts-out"),
-    ("--gpu-report=json:{}", "gpu_report / --gpu-report"),
-    ("--gpu-benchmark-json={}", "gpu_benchmark_json / --gpu-benchmark-json"),
+    ("--gpu-facts-out={}", "--gpu-facts-out"),
+    ("--gpu-report=json:{}", "--gpu-report"),
+    ("--gpu-benchmark-json={}", "--gpu-benchmark-json"),
 ])
 @pytest.mark.parametrize("kind", ["directory", "socket"])
 def test_a_directory_or_a_socket_is_a_usage_error_naming_it(
@@ -156,14 +156,14 @@ def test_dev_stdout_is_written_to_the_stream_and_stays_a_link(pytester: pytest.P
 
 
 @pytest.mark.parametrize("args, first, second", [
-    (["--gpu-report=x.json", "--gpu-facts-out=x.json"], "gpu_report / --gpu-report",
-     "gpu_facts_out / --gpu-facts-out"),
-    (["--gpu-report=x.json", "--gpu-benchmark-json=x.json"], "gpu_report / --gpu-report",
-     "gpu_benchmark_json / --gpu-benchmark-json"),
+    (["--gpu-report=x.json", "--gpu-facts-out=x.json"], "--gpu-report",
+     "--gpu-facts-out"),
+    (["--gpu-report=x.json", "--gpu-benchmark-json=x.json"], "--gpu-report",
+     "--gpu-benchmark-json"),
     (["--gpu-facts-out=x.json", "--gpu-benchmark-json=./sub/../x.json"],
-     "gpu_facts_out / --gpu-facts-out", "gpu_benchmark_json / --gpu-benchmark-json"),
+     "--gpu-facts-out", "--gpu-benchmark-json"),
     (["--gpu-save=main", "--gpu-store=x.json", "--gpu-facts-out=x.json"],
-     "gpu_facts_out / --gpu-facts-out", "gpu_store / --gpu-store"),
+     "--gpu-facts-out", "--gpu-store"),
 ])
 def test_two_outputs_on_one_file_are_a_usage_error_naming_both(
     diagnosed: pytest.Pytester, args: list[str], first: str, second: str
@@ -180,7 +180,7 @@ def test_the_same_report_twice_is_a_usage_error(diagnosed: pytest.Pytester) -> N
     (diagnosed.path / "alias.json").symlink_to(diagnosed.path / "real.json")
     result = diagnosed.runpytest("--gpu-report=real.json", "--gpu-report=alias.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: gpu_report / --gpu-report names the same file twice "
+    result.stderr.fnmatch_lines(["ERROR: --gpu-report names the same file twice "
                                  "(*/real.json and */alias.json)*"])
 
 

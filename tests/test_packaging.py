@@ -62,7 +62,9 @@ def test_tox_environments_that_run_pytest_install_torch_and_tox_has_an_extra() -
     tox = configparser.ConfigParser()
     tox.read(ROOT / "tox.ini", encoding="utf-8")
     running_pytest = [section for section in tox.sections()
-                      if any(command.split()[:1] == ["pytest"] for command in
+                      if any(command.split()[:1] == ["pytest"]
+                             or command.split()[:3] == ["python", "-m", "pytest"]
+                             for command in
                              tox.get(section, "commands", fallback="").splitlines())]
     assert {"testenv:tests", "testenv:gpu"} <= set(running_pytest)
     for section in running_pytest:
@@ -70,6 +72,21 @@ def test_tox_environments_that_run_pytest_install_torch_and_tox_has_an_extra() -
         assert any(dep.startswith("torch") for dep in deps), f"{section} installs no torch"
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert any(dep.startswith("tox") for deps in extras.values() for dep in deps)
+
+
+def test_the_lint_and_type_tools_are_pinned_and_tox_installs_them_from_the_extra() -> None:
+    """A new ruff or mypy may report what the last did not: a clean checkout must pass
+    ``tox -e lint,types`` as it passed when the pins were set."""
+    lint = PYPROJECT["project"]["optional-dependencies"]["lint"]
+    assert {dep.split("==")[0] for dep in lint} >= {"ruff", "mypy", "types-tabulate",
+                                                   "types-psutil"}
+    assert all("==" in dep for dep in lint), lint
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini", encoding="utf-8")
+    for section in ("testenv:lint", "testenv:types"):
+        assert "lint" in tox.get(section, "extras").split(), section
+        assert not tox.get(section, "deps", fallback=""), f"{section}: tools come from the extra"
+    assert not tox.has_option("tox", "isolated_build")  # tox 3's; tox 4 builds this way always
 
 
 def test_the_wheel_ships_the_rules_the_html_report_s_and_the_history_site_s_files(
@@ -83,7 +100,10 @@ def test_the_wheel_ships_the_rules_the_html_report_s_and_the_history_site_s_file
     report = "pytest_gputrain/report/"
     assert {report + "templates/report.html.j2", report + "static/uPlot.iife.min.js",
             report + "static/uPlot.min.css", report + "static/uPlot.LICENSE",
-            report + "static/report.js", report + "static/report.css"} <= names
+            report + "static/report.js", report + "static/report.css",
+            report + "templates/macros.html.j2", report + "templates/regression.html.j2",
+            report + "static/tablesort.min.js", report + "static/tablesort.number.min.js",
+            report + "static/tablesort.LICENSE"} <= names
     history = "pytest_gputrain/regression/"
     assert {history + "templates/history_head.html.j2", history + "templates/history_index.html.j2",
             history + "templates/history_test.html.j2", history + "static/history.js"} <= names

@@ -375,9 +375,9 @@ def test_xdist_workers_probe_and_send_facts_to_the_controller(pytester: pytest.P
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu-profile-steps=1-4"], "*gpu_profile_steps*must start at step 2 or later*"),
-    (["--gpu-profile-steps=soon"], "*gpu_profile_steps*'soon' is not a step range*"),
-    (["--gpu-probe=maybe"], "*gpu_probe*'maybe' must be on or off*"),
+    (["--gpu-profile-steps=1-4"], "*--gpu-profile-steps*must start at step 2 or later*"),
+    (["--gpu-profile-steps=soon"], "*--gpu-profile-steps*'soon' is not a step range*"),
+    (["--gpu-probe=maybe"], "*--gpu-probe*'maybe' must be on or off*"),
 ])
 def test_bad_probe_settings_are_usage_errors(pytester: pytest.Pytester, args: list[str],
                                              message: str) -> None:

@@ -22,6 +22,7 @@ import pytest
 import torch
 from sample_modules import load_sample
 
+from pytest_gputrain.collect import sync_calls
 from pytest_gputrain.probe import frameworks, run, torch_hooks
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.loader import LoaderTracker, token_count
@@ -49,15 +50,20 @@ def test_packages_name_their_framework() -> None:
 
 
 def test_the_caller_outside_torch_is_the_one_that_counts() -> None:
-    assert frameworks.caller_framework(_frame_in("transformers.trainer")) == "transformers"
-    assert frameworks.caller_framework(_frame_in("test_my_model")) is None
+    counts = SyncCounts()
+    assert counts.count("Tensor.item", _frame_in("transformers.trainer"))
+    assert counts.count("Tensor.item", _frame_in("test_my_model"))
     # torch's own frames are passed over: the framework called torch, which synced
     scope: dict[str, Any] = {"__name__": "torch.nn.utils.clip_grad", "sys": sys}
     exec("def inner():\n    return sys._getframe()\n", scope)
     outer: dict[str, Any] = {"__name__": "pytorch_lightning.loops", "inner": scope["inner"]}
     exec("frame = inner()", outer)
-    assert frameworks.caller_framework(outer["frame"]) == "lightning"
-    assert frameworks.caller_framework(None) is None
+    assert counts.count("Tensor.item", outer["frame"])
+    assert counts.by_framework == {"transformers: Tensor.item": 1, "lightning: Tensor.item": 1}
+    assert counts.pending == 3 and counts.framework_pending == 2
+    # this plugin's own syncs (the profiler window's, the gate's timing events) are not counted
+    assert not counts.count("torch.cuda.synchronize", _frame_in("pytest_gputrain.probe.x"))
+    assert counts.pending == 3
 
 
 def test_the_trainer_outranks_the_accelerate_it_runs_on() -> None:
@@ -79,7 +85,7 @@ class _FakeCudaTensor:
 
 def test_a_sync_asked_for_by_a_framework_is_counted_as_its_own() -> None:
     counts = SyncCounts()
-    wrapped = torch_hooks.wrap_sync_method("__bool__", _FakeCudaTensor.__bool__, counts)
+    wrapped = sync_calls.wrap_tensor_method("__bool__", _FakeCudaTensor.__bool__, counts)
     tensor = _FakeCudaTensor()
     # the Hugging Face Trainer's NaN/Inf loss filter: `torch.isnan(loss) or torch.isinf(loss)`
     trainer: dict[str, Any] = {"__name__": "transformers.trainer", "check": wrapped,
@@ -87,8 +93,13 @@ def test_a_sync_asked_for_by_a_framework_is_counted_as_its_own() -> None:
     exec("for _ in range(3):\n    check(t)\n    check(t)\n", trainer)
     wrapped(tensor)  # the test's own `if loss:`
     assert counts.pending == 7 and counts.framework_pending == 6
-    assert counts.by_call == {"__bool__": 7}
-    assert counts.by_framework == {"transformers: __bool__": 6}
+    assert counts.by_kind == {"Tensor.__bool__": 7}
+    assert counts.by_framework == {"transformers: Tensor.__bool__": 6}
+    # each call site named, most frequent first: the Trainer's two checks, then the test's
+    sites = counts.sites()
+    assert sites[:2] == ["Tensor.__bool__ at <string>:2 in <module>: 3",
+                         "Tensor.__bool__ at <string>:3 in <module>: 3"]
+    assert sites[2].startswith("Tensor.__bool__ at test_probe_frameworks.py:")
 
 
 def test_sync_facts_split_the_frameworks_syncs_and_their_cost() -> None:
@@ -99,12 +110,13 @@ def test_sync_facts_split_the_frameworks_syncs_and_their_cost() -> None:
     steps.syncs = [3, 3, 3, 3]
     steps.framework_syncs = [2, 2, 2, 2]
     steps.sync_waits = [0.0005] * 4
-    record.syncs.by_call = {"__bool__": 8, "item": 4}
-    record.syncs.by_framework = {"transformers: __bool__": 8}
+    record.syncs.by_kind = {"Tensor.__bool__": 8, "Tensor.item": 4}
+    record.syncs.by_framework = {"transformers: Tensor.__bool__": 8}
     facts = sync_facts(record, [0, 1, 2, 3])
     assert facts.per_step == 3.0 and facts.framework_per_step == 2.0
     assert facts.framework == "transformers"
-    assert facts.framework_calls == ["transformers: __bool__: 8"]
+    assert facts.framework_calls == ["transformers: Tensor.__bool__: 8"]
+    assert facts.by_call == ["Tensor.__bool__: 8", "Tensor.item: 4"]
     assert facts.wait_percent == 0.5
 
 
@@ -157,6 +169,8 @@ def test_lightning_samples_train_on_the_cpu_and_the_probe_sees_lightning(name: s
     assert facts.steps == steps and facts.backwards == steps and facts.grad_forwards == steps
     assert facts.loader.batch_size == 12 and facts.loader.num_workers == 0
     assert facts.batch_tokens is None  # images, not token ids
+    # configure_optimizers takes every parameter: no gradient outside the optimizer (GT145)
+    assert facts.grads.unused_params == 0 and facts.grads.model_params
 
 
 @ignore_framework_warnings
@@ -175,6 +189,8 @@ def test_trainer_samples_train_on_the_cpu_and_the_probe_sees_the_trainer(
     assert facts.steps == steps and facts.backwards == steps
     assert facts.modules[0].name == "GPT2LMHeadModel"
     assert facts.loader.batch_size == 4 and facts.batch_tokens == 4 * 16
+    # the Trainer's optimizer holds every parameter that requires a gradient (GT145 quiet)
+    assert facts.grads.unused_params == 0 and facts.grads.model_params
 
 
 # -- a framework's checkpoint every step: its whole save counts, torch.save inside it once -----

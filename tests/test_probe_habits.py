@@ -20,7 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_gputrain.probe import compile_readings, module_readings, run, torch_hooks
+from pytest_gputrain.probe import (
+    compile_readings,
+    module_readings,
+    optimizer_readings,
+    run,
+    torch_hooks,
+)
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.run_record import OptimizerReadings, StepFlag
 from pytest_gputrain.probe.window_analysis import GpuEvent, RuntimeEvent, analyse, small_copies
@@ -196,10 +202,10 @@ def test_optimizer_implementation_step_time_and_zero_grad() -> None:
 
 def test_optimizer_defaults_read_as_configured() -> None:
     params = [torch.nn.Parameter(torch.zeros(2)) for _ in range(3)]
-    assert module_readings.optimizer_setup(torch.optim.SGD(params, lr=0.1)) == (None, None, 3)
-    assert module_readings.optimizer_setup(
+    assert optimizer_readings.optimizer_setup(torch.optim.SGD(params, lr=0.1)) == (None, None, 3)
+    assert optimizer_readings.optimizer_setup(
         torch.optim.Adam(params, foreach=True)) == (True, None, 3)
-    assert module_readings.optimizer_setup(torch.optim.Adam(params, fused=False)) == (
+    assert optimizer_readings.optimizer_setup(torch.optim.Adam(params, fused=False)) == (
         None, False, 3)
 
 

@@ -421,4 +421,4 @@ def test_sync_wrappers_keep_every_signature_and_count_no_cpu_call() -> None:
             tensor.item(0)  # type: ignore[call-arg]
     finally:
         probe.stop()
-    assert probe.record.syncs.pending == 0 and probe.record.syncs.by_call == {}
+    assert probe.record.syncs.pending == 0 and probe.record.syncs.by_kind == {}

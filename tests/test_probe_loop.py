@@ -75,12 +75,13 @@ def test_a_finite_run_reads_its_checks_once_at_the_end() -> None:
         # While the test trains the checks are slots of one tensor, never read back.
         readings = list(probe.record.loss.checked_steps)
         assert probe.record.loss.finite == []
-        flags = probe.record.loss.flags
-        assert isinstance(flags, torch.Tensor) and flags.shape == (loss_readings.MAX_CHECKS,)
+        slots = probe.record.loss.slots
+        assert isinstance(slots, torch.Tensor)
+        assert slots.shape == (2, loss_readings.MAX_CHECKS)
     finally:
         probe.stop()
     assert readings == [0, 8, 16]
-    assert probe.record.loss.checked_steps == [] and probe.record.loss.flags is None
+    assert probe.record.loss.checked_steps == [] and probe.record.loss.slots is None
     assert probe.record.loss.last is None
     loss = probe.facts().loss
     assert loss.checks == 4 and loss.nonfinite_checks == 0 and loss.last_finite is True
@@ -125,7 +126,7 @@ def test_a_vector_loss_and_a_list_of_losses_are_checked_whole() -> None:
 
 def test_checks_on_a_dead_cuda_context_are_not_read() -> None:
     probe = _probe()
-    probe.record.loss.flags = SimpleNamespace(device=SimpleNamespace(type="cuda"))
+    probe.record.loss.slots = SimpleNamespace(device=SimpleNamespace(type="cuda"))
     probe.record.loss.checked_steps = [0]
     probe.loss.read_end(cuda_ok=False)
     assert probe.record.loss.finite == []

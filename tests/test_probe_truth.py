@@ -10,6 +10,7 @@ tests/gpu/test_probe_truth_gpu.py.
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,9 +19,10 @@ import torch
 
 from pytest_gputrain.facts import DeviceSample
 from pytest_gputrain.probe import failures, oom_observer, run, settings_timeline
+from pytest_gputrain.probe.cuda_readings import CallReadings
 from pytest_gputrain.probe.loader import LoaderTracker
 from pytest_gputrain.probe.oom_message import parse_oom
-from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
+from pytest_gputrain.probe.run_facts_builder import THROTTLE_BITS, ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (
     LoaderWaits,
     OomMoment,
@@ -28,6 +30,7 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
     StepSeries,
 )
+from pytest_gputrain.probe.timeline_facts_builder import timeline_facts
 
 GiB = 2**30
 MiB = 2**20
@@ -449,6 +452,74 @@ def test_a_probe_targets_the_observer_only_while_its_test_runs() -> None:
     assert (moment.requested, moment.limit, moment.free, moment.step) == (
         2 * GiB, 4 * GiB, 100 * GiB, 0)
     assert probe.failure_context()["oom_moments"] == [moment]
+
+
+def _fake_allocator(allocated: int, reserved: int) -> Any:
+    """A torch whose allocator answers ``_cuda_memoryStats`` as CUDA's does (no GPU here)."""
+    stats = {"allocated_bytes": {"all": {"current": allocated}},
+             "reserved_bytes": {"all": {"current": reserved}}}
+    return SimpleNamespace(_C=SimpleNamespace(_cuda_memoryStats=lambda index: stats))
+
+
+def _record(started: float) -> RunRecord:
+    return RunRecord(nodeid="t::x", warmup=2, profile_steps=None,
+                     steps=StepSeries(last_t=started), loader=LoaderWaits(LoaderTracker()),
+                     started=started)
+
+
+def test_an_oom_before_the_first_step_gives_a_memory_timeline_to_the_failure() -> None:
+    """An allocation refused in the first forward (another process holds the GPU): no step
+    was read, yet the memory series runs from the test's start (no CUDA context then: nothing
+    allocated) to the failure, with what the allocator held at it; and no NVML sample is said
+    to be a CPU run."""
+    record = _record(time.perf_counter() - 1.5)
+    probe = SimpleNamespace(record=record, disabled=False)
+    CallReadings(_fake_allocator(2 * GiB, 3 * GiB), probe).on_oom(  # type: ignore[arg-type]
+        0, 8 * GiB, 140 * GiB, 5 * GiB)
+    (moment,) = record.oom_moments
+    assert (moment.allocated, moment.reserved) == (2 * GiB, 3 * GiB)
+    timeline = timeline_facts(record, THROTTLE_BITS)
+    assert timeline.memory_time[0] == 0.0 and timeline.memory_time[1] == pytest.approx(1.5, abs=0.2)
+    assert timeline.allocated == [0, 2 * GiB] and timeline.reserved == [0, 3 * GiB]
+    assert timeline.oom_times == [timeline.memory_time[1]]
+    why = timeline.unknown["nvml_time"]
+    assert "CPU" not in why and "the test took none (an out-of-memory error came first)" in why
+
+
+def test_an_oom_after_steps_ends_the_step_readings_at_the_failure() -> None:
+    """A test that trained, then failed: the allocator's readings at the steps, then the one at
+    the failure; where CUDA was initialised before the test, its start is not invented."""
+    record = _record(100.0)
+    record.allocator.start = {0: {"allocated_bytes.all.current": GiB,
+                                  "reserved_bytes.all.current": 2 * GiB}}
+    record.steps.times = [0.5, 0.5]
+    for value in (3 * GiB, 4 * GiB):
+        record.steps.add_allocated(value, value + GiB)
+    record.oom_moments.append(OomMoment(t=101.25, step=2, device_index=0, requested=GiB,
+                                        limit=8 * GiB, free=0, allocated=7 * GiB,
+                                        reserved=8 * GiB))
+    timeline = timeline_facts(record, THROTTLE_BITS)
+    assert timeline.memory_time == [0.5, 1.0, 1.25]
+    assert timeline.allocated == [3 * GiB, 4 * GiB, 7 * GiB]
+    assert timeline.reserved == [4 * GiB, 5 * GiB, 8 * GiB]
+    # Failed before any step, CUDA initialised by an earlier test: the start as read then.
+    early = _record(100.0)
+    early.allocator.start = record.allocator.start
+    early.oom_moments.append(OomMoment(t=100.5, step=0, device_index=0, requested=GiB,
+                                       limit=8 * GiB, free=0, allocated=5 * GiB,
+                                       reserved=6 * GiB))
+    assert timeline_facts(early, THROTTLE_BITS).allocated == [GiB, 5 * GiB]
+
+
+def test_an_allocator_that_cannot_answer_at_the_oom_leaves_the_moment_without_bytes() -> None:
+    record = _record(time.perf_counter())
+    probe = SimpleNamespace(record=record, disabled=False)
+    CallReadings(SimpleNamespace(_C=SimpleNamespace()), probe).on_oom(  # type: ignore[arg-type]
+        0, GiB, 2 * GiB, 0)
+    (moment,) = record.oom_moments
+    assert moment.allocated is None and any("the allocator at the out-of-memory error" in e
+                                            for e in record.errors)
+    assert timeline_facts(record, THROTTLE_BITS).memory_time == []
 
 
 def test_attaching_never_starts_cuda() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_gputrain.collect import sync_calls
 from pytest_gputrain.probe import (
     failures,
     hooks,
@@ -320,9 +321,12 @@ def test_sync_wrapper_counts_only_cuda_tensors() -> None:
     def item(self: Any) -> float:
         return 1.5
 
-    wrapped = torch_hooks.wrap_sync_method("item", item, counts)
+    wrapped = sync_calls.wrap_tensor_method("item", item, counts)
     assert wrapped(FakeTensor(True)) == 1.5 and wrapped(FakeTensor(False)) == 1.5
-    assert counts.pending == 1 and counts.by_call == {"item": 1}
+    assert counts.pending == 1 and counts.by_kind == {"Tensor.item": 1}
+    (site,) = counts.by_site
+    assert site.kind == "Tensor.item" and site.file == "test_probe_units.py"
+    assert site.function == "test_sync_wrapper_counts_only_cuda_tensors"
 
     class Weird:
         @property
@@ -339,7 +343,7 @@ def test_no_global_hooks_outside_a_probe() -> None:
 
 
 def test_install_and_remove_restore_torch() -> None:
-    before = {name: vars(torch.Tensor).get(name) for name in torch_hooks.SYNC_METHODS}
+    before = {name: vars(torch.Tensor).get(name) for name in sync_calls.TENSOR_METHODS}
     backward = torch.autograd.backward
     probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
     probe.start()
@@ -351,7 +355,7 @@ def test_install_and_remove_restore_torch() -> None:
         model(torch.ones(4, 3)).sum().backward()
         optimizer.step()
     probe.stop()
-    assert {name: vars(torch.Tensor).get(name) for name in torch_hooks.SYNC_METHODS} == before
+    assert {name: vars(torch.Tensor).get(name) for name in sync_calls.TENSOR_METHODS} == before
     assert torch.autograd.backward is backward
     counts = torch_hooks.global_hook_counts(torch)
     assert counts == {name: 0 for name in counts}

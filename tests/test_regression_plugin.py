@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -138,7 +139,7 @@ def test_save_then_compare_finds_regression(project: pytest.Pytester,
     ])
     document = json.loads(out.read_text())
     assert document["kind"] == "pytest-gputrain-benchmarks"
-    assert document["schema_version"] == 2
+    assert document["schema_version"] == 3
     assert document["failed"] is True
     assert document["summary"]["regression"] == 2
     assert [r["name"] for r in document["baseline"]["runs"]] == ["main"] * 3
@@ -176,6 +177,13 @@ def test_the_gate_is_a_section_of_the_diagnosis_reports(
     assert 0.07 < train["change"] < 0.13 and train["p_value"] < 0.01
     assert train["baseline"]["sessions"] == 3 and train["current"]["sessions"] == 1
     assert train["baseline"]["value"] < train["current"]["value"]
+    # Each compared test's rounds, for the HTML report's steps lane: every baseline session's
+    # and this session's, in seconds.
+    steps = section["steps"]["test_steps.py::test_train"]
+    assert steps["metric"] == "step_time" and len(steps["baseline"]) == 3
+    rounds = {len(r) for r in steps["baseline"]} | {len(steps["current"])}
+    assert len(rounds) == 1 and rounds.pop() >= 10  # every session timed as many rounds
+    assert statistics.median(steps["current"]) > statistics.median(steps["baseline"][0])
     markdown = (project.path / "report.md").read_text()
     assert "### benchmarks\n\n**Regression** :x:" in markdown
     assert "| test_steps.py::test_train" in markdown and "#### Benchmarks" in markdown
@@ -489,35 +497,36 @@ def test_plain_session_opens_no_store(project: pytest.Pytester,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu-regression=step_time=5"], "*gpu_regression / --gpu-regression: 'step_time=5'*"
-                                       "not METRIC:PERCENT*step_time:5%,peak_vram:2%*"),
+    (["--gpu-regression=step_time=5"], "*: --gpu-regression: 'step_time=5'*"
+                                       "not METRIC:PERCENT*auto,step_time:2%*kernels:0*"),
     (["--gpu-regression=speed:5%"],
      "*unknown metric 'speed'*known: step_time, gpu_time, peak_vram*"),
-    (["--gpu-regression=step_time:500%"], "*must lie between 0 and 100*"),
-    (["--gpu-alpha=2"], "*gpu_alpha / --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
+    (["--gpu-regression=step_time:500%"],
+     "*: --gpu-regression: '500%' in 'step_time:500%' is not a percentage from 0 to 100*"),
+    (["--gpu-alpha=2"], "*: --gpu-alpha: '2' must lie strictly between 0 and 0.5*"),
     (["--gpu-alpha=often"], "*'often' is not a number*0.01*"),
-    (["--gpu-step-summary=mean"], "*gpu_step_summary / --gpu-step-summary: 'mean' is not a "
+    (["--gpu-step-summary=mean"], "*: --gpu-step-summary: 'mean' is not a "
                                   "step summary; expected one of min, median*"),
-    (["--gpu-cannot-tell=ignore"], "*gpu_cannot_tell / --gpu-cannot-tell: 'ignore' is not a "
+    (["--gpu-cannot-tell=ignore"], "*: --gpu-cannot-tell: 'ignore' is not a "
                                    "policy for 'cannot tell'; expected one of pass, warn, fail*"),
-    (["--gpu-save=latest"], "*gpu_save / --gpu-save: 'latest' is reserved*"),
+    (["--gpu-save=latest"], "*: --gpu-save: 'latest' is reserved*"),
     (["--gpu-benchmark-min-rounds=50", "--gpu-benchmark-max-rounds=10"],
-     "*10 is below gpu_benchmark_min_rounds 50*"),
+     "*: --gpu-benchmark-max-rounds: 10 is below --gpu-benchmark-min-rounds 50*"),
     (["--gpu-benchmark-warmup=-1"], "*'-1' must lie between 0 and 10000*"),
     (["--gpu-compare=nope"], "*no run 'nope'*has no saved runs yet*"),
-    (["--gpu-store=mysql://db/x"], "*gpu_store / --gpu-store: 'mysql':// is not a store*"
+    (["--gpu-store=mysql://db/x"], "*: --gpu-store: 'mysql':// is not a store*"
                                    "postgresql://*"),
-    (["--gpu-store=postgresql://[::1"], "*gpu_store / --gpu-store: 'postgresql://[[]::1' is not "
+    (["--gpu-store=postgresql://[::1"], "*: --gpu-store: 'postgresql://[[]::1' is not "
                                         "a valid PostgreSQL URL (Invalid IPv6 URL); e.g. "
                                         "postgresql://*"),
     (["--gpu-store=postgresql://ci:s3cret@[::1/db"],
-     "*gpu_store / --gpu-store: 'postgresql://ci:***@[[]::1/db' is not a valid PostgreSQL URL*"),
+     "*: --gpu-store: 'postgresql://ci:***@[[]::1/db' is not a valid PostgreSQL URL*"),
     (["--gpu-benchmark-disable", "--gpu-save=x"],
-     "*gpu_benchmark_disable / --gpu-benchmark-disable: measures nothing, so gpu_save*"),
+     "*: --gpu-benchmark-disable: measures nothing, so --gpu-save would*"),
     (["--gpu-benchmark-skip", "--gpu-compare=x"],
-     "*gpu_benchmark_skip / --gpu-benchmark-skip: measures nothing, so gpu_compare*"),
+     "*: --gpu-benchmark-skip: measures nothing, so --gpu-compare would*"),
     (["--gpu-benchmark-skip", "--gpu-benchmark-disable"],
-     "*cannot be combined with gpu_benchmark_skip*"),
+     "*cannot be combined with --gpu-benchmark-skip*"),
     (["--gpu-save=x", "--gpu-store=postgresql://ci:pw@127.0.0.1:1/db?connect_timeout=3"],
      "*gpu_store: cannot connect to the PostgreSQL store postgresql://ci:***@127.0.0.1:1/db*"),
 ])
@@ -1120,7 +1129,8 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
         "*--gpu-save=NAME*", "*--gpu-compare=NAME|#ID|latest*", "*--gpu-regression=SPEC*",
         "*step_time:5%,peak_vram:2%*", "*--gpu-benchmark-json=PATH*",
         "*--gpu-store=PATH|URL*benchmark store*", "*postgresql://*", "*--gpu-benchmark-disable*",
-        "*--gpu-benchmark-skip*", "*--gpu-benchmark-only*",
+        "*--gpu-benchmark-skip*", "*--gpu-benchmark-only*", "*--gpu-benchmark-counters*",
+        "*--no-gpu-benchmark-counters*",
     ])
     result.stdout.fnmatch_lines(["*--gpu-step-summary=min|median*",
                                  "*--gpu-cannot-tell=pass|warn|fail*"])
@@ -1129,7 +1139,7 @@ def test_help_lists_options_and_ini_twins(pytester: pytest.Pytester) -> None:
                 "gpu_benchmark_json", "gpu_store", "gpu_benchmark_warmup",
                 "gpu_benchmark_min_rounds", "gpu_benchmark_max_rounds",
                 "gpu_benchmark_max_time", "gpu_benchmark_disable", "gpu_benchmark_skip",
-                "gpu_benchmark_only"):
+                "gpu_benchmark_only", "gpu_benchmark_counters"):
         result.stdout.fnmatch_lines([f"  {ini} (*"])
 
 
@@ -1182,7 +1192,9 @@ def test_benchmark_disable_runs_each_step_once_untimed(pytester: pytest.Pytester
         else None
     if timed is not None:
         timed.assert_outcomes(passed=3)
-        timed.stdout.fnmatch_lines(["*CALLS=23 DISABLED=False ROUNDS=20*"])
+        # 3 warm-up and 20 timed calls, then the counting pass: 20 plain steps and the 3
+        # counted for operators (none: the step is plain Python, so nothing more)
+        timed.stdout.fnmatch_lines(["*CALLS=46 DISABLED=False ROUNDS=20*"])
 
 
 @pytest.mark.parametrize("how", ["option", "ini"])
@@ -1231,8 +1243,8 @@ def test_benchmark_only_and_skip_contradict_each_other(pytester: pytest.Pytester
     pytester.makepyfile(test_untimed=UNTIMED_TESTS)
     result = pytester.runpytest("--gpu-benchmark-only", "--gpu-benchmark-skip")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*gpu_benchmark_only / --gpu-benchmark-only: cannot be "
-                                 "combined with gpu_benchmark_skip*"])
+    result.stderr.fnmatch_lines(["*: --gpu-benchmark-only: cannot be "
+                                 "combined with --gpu-benchmark-skip*"])
 
 
 # -- python -m pytest_gputrain compare, and the CI recipe ---------------------------------------
@@ -1283,7 +1295,7 @@ def test_recipe_catches_a_slowdown(project: pytest.Pytester, monkeypatch: pytest
     assert compare_main("base", "head", "--store", shared_store, "--format", "json",
                         "--regression", "step_time:2.5%") == 1
     document = json.loads(capsys.readouterr().out)
-    assert document["schema_version"] == 2 and document["failed"] is True
+    assert document["schema_version"] == 3 and document["failed"] is True
     assert {c["verdict"] for c in document["comparisons"]} == {"regression"}
     for row in document["comparisons"]:
         assert 0.035 < row["change"] < 0.065

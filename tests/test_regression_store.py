@@ -104,7 +104,7 @@ STORED_COLUMNS = {
     "gputrain_schema": ["application", "version", "created_at"],
     "runs": ["id", "name", "created_at", "fingerprint", "fingerprint_hash", "git_commit"],
     "results": ["id", "run_id", "nodeid", "created_at", "fingerprint", "fingerprint_hash",
-                "rounds", "metrics", "summary"],
+                "rounds", "metrics", "summary", "counters"],
 }
 
 
@@ -173,6 +173,18 @@ def test_sessions_of_one_name_and_commit_form_a_side(location: Location) -> None
         grouped = store.results_of(side)
         assert [r.metrics["step_time"][0] for r in grouped["t::a"]] == [0.1, 0.2]
         assert store.select_runs("nope") == []
+
+
+def test_counters_are_saved_with_their_result(location: Location) -> None:
+    counters = {"version": 1, "per_step": {"kernels": 612, "syncs": 1}, "host_cpu": [0.0061],
+                "sync_sites": [{"kind": "stream", "op": "aten::_local_scalar_dense",
+                                "site": "train.py:42", "code": "loss.item()", "count": 1}]}
+    with open_store(location) as store:
+        run = store.save_run("a", FINGERPRINT, "h", None,
+                             [record("t::a", counters=counters), record("t::b")])
+        results = store.results(run)
+    assert results["t::a"].counters == counters
+    assert results["t::b"].counters is None  # not counted (or saved by an older version)
 
 
 def test_add_result_replaces_same_test(location: Location) -> None:
@@ -341,6 +353,106 @@ def test_concurrent_first_open_of_a_new_store(location: Location) -> None:
         assert sorted(r.name for r in store.runs()) == [f"p{w}" for w in range(5)]
     prefix = "" if isinstance(location, Path) else "gputrain."
     assert raw_execute(location, f"SELECT COUNT(*) FROM {prefix}gputrain_schema")[0][0] == 1
+
+
+# -- stores of the schema before: upgraded in place, nothing lost ----------------------------
+
+STORES = Path(__file__).resolve().parent / "stores"
+
+
+def schema1_store(location: Location) -> None:
+    """A store as the code of commit 58807ed (schema 1) wrote it (tests/stores/)."""
+    if isinstance(location, Path):
+        location.parent.mkdir(parents=True, exist_ok=True)
+        location.write_bytes((STORES / "schema1.sqlite").read_bytes())
+        return
+    import psycopg
+
+    with psycopg.connect(location, autocommit=True) as connection:
+        connection.execute((STORES / "schema1_postgres.sql").read_text())  # type: ignore[arg-type]
+
+
+def saved_rows(location: Location) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the runs and results tables, in the columns schema 1 had."""
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    columns = {table: ", ".join(names) for table, names in STORED_COLUMNS.items()
+               if table != "gputrain_schema"}
+    columns["results"] = columns["results"].removesuffix(", counters")
+    return {table: [tuple(row) for row in raw_execute(
+                location, f"SELECT {names} FROM {prefix}{table} ORDER BY id")]
+            for table, names in columns.items()}
+
+
+def test_a_store_of_schema_1_is_upgraded_and_loses_nothing(location: Location) -> None:
+    """Opened by this version, a store written by the code of schema 1 gains the counters column
+    in one transaction; every run and result reads back as that code read it, and every saved
+    row is the same, byte for byte; new results carry their counters."""
+    import json
+
+    schema1_store(location)
+    before = saved_rows(location)
+    assert inspect(location) == "older"
+    expected = json.loads((STORES / "schema1_expected.json").read_text())
+    with open_store(location, create=False) as store:
+        runs = sorted(store.runs(), key=lambda r: r.id)
+        assert [run.to_json() for run in runs] == [entry["run"] for entry in expected]
+        for run, entry in zip(runs, expected, strict=True):
+            results = store.results(run.id)
+            assert set(results) == set(entry["results"])
+            for nodeid, saved in entry["results"].items():
+                assert {**results[nodeid].__dict__, "counters": "gone"} == {
+                    **saved, "counters": "gone"}
+                assert results[nodeid].counters is None
+        side = store.select_runs("pr-41")
+        assert len(side) == 2 and {r.commit for r in side} == {"9f1c2e7a01bb"}
+        new = store.save_run("after", FINGERPRINT, "h", "c0ffee",
+                             [record("t::a", counters={"per_step": {"kernels": 3}})])
+        assert store.results(new)["t::a"].counters == {"per_step": {"kernels": 3}}
+    assert inspect(location) == "ours"
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    assert raw_execute(location, f"SELECT version FROM {prefix}gputrain_schema")[0][0] == \
+        SCHEMA_VERSION
+    after = saved_rows(location)
+    assert after["runs"][:len(before["runs"])] == before["runs"]
+    assert after["results"][:len(before["results"])] == before["results"]
+    with open_store(location, create=False) as store:  # a second open finds it current
+        assert len(store.runs()) == len(expected) + 1
+
+
+def test_a_failed_upgrade_changes_nothing(location: Location) -> None:
+    """A schema-1 store whose results table already has a column of that name (someone's own
+    addition): the upgrade fails in its transaction and the store stays as it was."""
+    schema1_store(location)
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    raw_execute(location, f"ALTER TABLE {prefix}results ADD COLUMN counters INTEGER")
+    if isinstance(location, Path):
+        raw_execute(location, "PRAGMA journal_mode = DELETE")
+    before = snapshot(location), saved_rows(location)
+    with pytest.raises(StoreError, match=r"upgrades stores of schema 1 to 2 .* the upgrade "
+                                         r"failed: .*left as it was"):
+        open_store(location)
+    assert (snapshot(location), saved_rows(location)) == before
+    assert raw_execute(location, f"SELECT version FROM {prefix}gputrain_schema")[0][0] == 1
+
+
+def _upgrade(location: Location, worker: int) -> None:
+    with open_store(location) as store:
+        store.save_run(f"u{worker}", FINGERPRINT, "h", None, [record("t::a", counters={})])
+
+
+def test_concurrent_first_opens_upgrade_once(location: Location) -> None:
+    schema1_store(location)
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_upgrade, args=(location, w)) for w in range(4)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    with open_store(location, create=False) as store:
+        assert sorted(r.name for r in store.runs())[-4:] == [f"u{w}" for w in range(4)]
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    assert raw_execute(location, f"SELECT version FROM {prefix}gputrain_schema") == [(2,)]
 
 
 # -- SQLite: a file that is not ours ---------------------------------------------------------

@@ -29,6 +29,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarni
 SCREENSHOTS = Path(__file__).resolve().parent.parent / ".gputrain" / "screenshots"
 MANY_MAX_BYTES = 6_000_000  # a report of 500 tests stays a few MB (test_report_html.py too)
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# Headless, as CI runs it: no sandbox (root in a container), no GPU, nothing fetched in the back.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-dev-shm-usage"]
+DESKTOP = {"width": 1440, "height": 900}
+PHONE = {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +43,7 @@ def browser() -> Iterator[Any]:
                                    reason="Playwright is not installed (the test extra)")
     with sync_api.sync_playwright() as playwright:
         try:
-            launched = playwright.chromium.launch(executable_path=CHROMIUM)
+            launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         except sync_api.Error as exc:
             if CHROMIUM is not None:
                 raise
@@ -51,8 +56,10 @@ def browser() -> Iterator[Any]:
 class Opened:
     """A report open in a page, with what the page logged and requested."""
 
-    def __init__(self, browser: Any, path: Path) -> None:
-        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+    def __init__(self, browser: Any, path: Path, viewport: dict[str, int] | None = None,
+                 **options: Any) -> None:
+        self.context = browser.new_context(viewport=viewport or DESKTOP, **options)
+        self.page = self.context.new_page()
         self.errors: list[str] = []
         self.requests: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text)
@@ -66,44 +73,49 @@ class Opened:
         self.load_seconds = time.perf_counter() - started
 
     def open_all(self) -> None:
-        """Open every test, as a reader would, and let its charts draw."""
-        self.page.evaluate("document.querySelectorAll('details.test')"
-                           ".forEach(d => { d.open = true; })")
-        self.page.wait_for_timeout(200)
+        """Open every test, as a reader would (Expand all), and let its timeline draw."""
+        self.page.click("#expand-all")
+        self.page.evaluate("window.gputrain.drawOpen()")
+        self.page.wait_for_timeout(100)
 
-    def charts(self) -> list[dict[str, Any]]:
-        charts: list[dict[str, Any]] = self.page.evaluate("""
-            Array.from(document.querySelectorAll('details.test .chart')).map(chart => ({
-              test: chart.closest('details').id,
-              title: (chart.querySelector('figcaption') || {}).textContent || 'lanes',
-              series: +chart.dataset.series, steps: +chart.dataset.stepMarkers,
-              failure: chart.dataset.failureMarker === '1', window: chart.dataset.window === '1',
-              canvas: !!chart.querySelector('canvas'),
-            }))""")
-        return charts
+    def lanes(self, test: str | None = None) -> list[dict[str, Any]]:
+        """What each drawn lane drew (of one test, by anchor, or of all)."""
+        lanes: list[dict[str, Any]] = self.page.evaluate("""test =>
+            Array.from(document.querySelectorAll('details.test .lane'))
+              .filter(l => !test || l.closest('details').id === test).map(l => ({
+                test: l.closest('details').id, lane: l.dataset.lane,
+                title: l.querySelector('.lane-title').textContent,
+                series: +l.dataset.series, range: l.dataset.range.split(',').map(Number),
+                lines: l.dataset.lines ? l.dataset.lines.split('|') : [],
+                bands: l.dataset.bands ? l.dataset.bands.split('|') : [],
+                failure: l.dataset.failure === '1', request: l.dataset.request === '1',
+                moments: +(l.dataset.moments || 0), canvas: !!l.querySelector('canvas'),
+              }))""", test)
+        return lanes
 
     def shown(self) -> list[str]:
         shown: list[str] = self.page.evaluate(
             "Array.from(document.querySelectorAll('details.test:not([hidden])')).map(d => d.id)")
         return shown
 
-    def screenshot(self, name: str, full_page: bool = True) -> None:
+    def screenshot(self, name: str, full_page: bool = False) -> None:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=full_page)
 
     def close(self) -> None:
-        self.page.close()
+        self.context.close()
 
 
 @pytest.fixture
 def open_case(browser: Any, tmp_path: Path) -> Iterator[Any]:
     opened: list[Opened] = []
 
-    def open_(case: report_cases.Case) -> tuple[Opened, Any]:
+    def open_(case: report_cases.Case, viewport: dict[str, int] | None = None,
+              **options: Any) -> tuple[Opened, Any]:
         report = case.report()
         path = tmp_path / f"{case.name}.html"
         path.write_text(report_html(report, case.facts), encoding="utf-8")
-        page = Opened(browser, path)
+        page = Opened(browser, path, viewport, **options)
         opened.append(page)
         return page, report
 
@@ -128,47 +140,241 @@ def test_each_case_loads_offline_with_every_test_and_finding(open_case: Any, nam
     summaries = page.page.eval_on_selector_all(
         "details.test > summary > code", "codes => codes.map(c => c.textContent)")
     assert set(summaries) == nodeids
+    rows = page.page.eval_on_selector_all(
+        "#summary-table tbody tr", "rows => rows.map(r => r.querySelector('a').textContent)")
+    assert sorted(rows) == sorted(nodeids)  # the summary: one row per test
     shown = page.page.eval_on_selector_all(
         "details.test .finding", "items => items.map(i => i.dataset.code)")
     assert sorted(shown) == sorted(f.code for f in report.findings if f.scope not in (
         "session", "device"))
     for finding in report.findings:
         assert page.page.locator(f'.finding[data-code="{finding.code}"]').first.is_visible()
-    page.page.wait_for_timeout(100)
+    assert all(lane["canvas"] for lane in page.lanes())
     page.screenshot(name)
     _loaded_cleanly(page)  # opening the tests drew charts and fetched nothing
 
 
-def test_a_gpu_run_draws_four_charts_on_one_axis_with_its_markers(open_case: Any) -> None:
-    page, _ = open_case(report_cases.out_of_memory())
-    page.open_all()
-    charts = {c["title"]: c for c in page.charts()}
-    assert {title: c["series"] for title, c in charts.items()} == {
-        "GPU utilisation and SM clock": 2, "Memory": 5, "Power and temperature": 2,
-        "Steps and DataLoader waits": 2}
-    for chart in charts.values():
-        assert chart["canvas"] and chart["steps"] == 40 and chart["failure"] and chart["window"]
-    # One time axis: every chart's plot area starts and ends at the same place.
-    boxes = page.page.evaluate("window.gputrain.charts.map(u => [u.bbox.left, u.bbox.width])")
+def _suite(open_case: Any, viewport: dict[str, int] | None = None, **options: Any
+           ) -> tuple[Opened, Any]:
+    """The recorded H200 samples as one suite: five failures, nine passes."""
+    return open_case(report_cases.h200_suite(), viewport, **options)  # type: ignore[no-any-return]
+
+
+def _test_id(page: Opened, part: str) -> str:
+    found: str = page.page.evaluate(
+        "part => Array.from(document.querySelectorAll('details.test'))"
+        ".find(d => d.querySelector('summary code').textContent.includes(part)).id", part)
+    return found
+
+
+def _draw(page: Opened, anchor: str) -> None:
+    page.page.evaluate("id => { const d = document.getElementById(id); d.open = true; "
+                       "d.scrollIntoView(); }", anchor)
+    page.page.wait_for_function("id => document.getElementById(id).dataset.lanesDrawn",
+                                arg=anchor)
+
+
+def test_the_headline_is_red_when_a_test_failed(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+    _loaded_cleanly(page)
+    headline = page.page.locator("#headline")
+    assert headline.inner_text().startswith("FAILED 5 of 14 tests failed")
+    colour = headline.evaluate("h => getComputedStyle(h).color")
+    assert colour == "rgb(180, 35, 24)"  # --error
+    assert page.page.title().startswith("FAILED: 5 of 14 tests failed")
+    # Above the fold at 1440 x 900: the verdict and the first rows of the summary.
+    assert page.page.locator("#summary-table tbody tr").nth(2).is_visible()
+    box = page.page.locator("#summary-table tbody tr").nth(2).bounding_box()
+    assert box is not None and box["y"] + box["height"] < DESKTOP["height"]
+    page.screenshot("h200_suite_top")
+
+
+def test_the_summary_table_sorts_and_filters(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+
+    def column(index: int) -> list[str]:
+        values: list[str] = page.page.eval_on_selector_all(
+            "#summary-table tbody tr:not([hidden])",
+            f"rows => rows.map(r => r.cells[{index}].textContent.trim())")
+        return values
+
+    assert column(2) == ["FAILED"] * 5 + ["PASSED"] * 9
+    assert column(3)[:5] == ["ERROR"] * 5 and column(3)[-1] in ("INFO", "NONE")
+    # Sorted by the loader wait, with the keyboard: the heading takes focus, Enter sorts.
+    header = page.page.locator("#summary-table th", has_text="loader wait")
+    header.focus()
+    page.page.keyboard.press("Enter")
+    page.page.keyboard.press("Enter")  # ascending, then descending
+    assert header.get_attribute("aria-sort") == "descending"
+    waits = [float(v.split()[0]) for v in column(6) if v != "–"]
+    assert waits == sorted(waits, reverse=True) and waits[0] > 90  # the starved loader first
+    assert "starved_loader" in column(1)[0]
+    # The filters apply to the summary too: only the failed tests' rows are left.
+    page.page.uncheck('input[name="outcome"][value="passed"]')
+    assert sorted(column(2)) == ["FAILED"] * 5
+    page.page.select_option('select[name="code"]', "GT201")
+    assert len(column(1)) == 3  # the three out-of-memory tests
+    codes = page.page.eval_on_selector_all("tr.finding-row:not([hidden])",
+                                           "rows => rows.map(r => r.dataset.code)")
+    assert codes == ["GT201"]
+
+
+def test_utilisation_is_drawn_on_a_fixed_0_to_100_axis(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+    anchor = _test_id(page, "starved_loader")
+    _draw(page, anchor)
+    lanes = {lane["lane"]: lane for lane in page.lanes(anchor)}
+    assert list(lanes) == ["util", "memory", "clock", "power", "temperature", "steps"]
+    assert lanes["util"]["range"] == [0, 100]
+    scale = page.page.evaluate("id => { const y = window.gputrain.stacks[id].plots[0].scales.y;"
+                               " return [y.min, y.max]; }", anchor)
+    assert scale == [0, 100]
+    assert lanes["clock"]["range"][0] == 0 and lanes["power"]["range"][0] == 0
+    # One time axis: every lane's plot area starts and ends at the same place.
+    boxes = page.page.evaluate("id => window.gputrain.stacks[id].plots.map("
+                               "u => [u.bbox.left, u.bbox.width])", anchor)
     assert len({tuple(box) for box in boxes}) == 1
+    page.page.locator(f"#{anchor} .timeline").scroll_into_view_if_needed()
+    page.screenshot("h200_starved_loader_timeline")
 
 
-def test_a_run_without_nvml_says_why_its_gpu_charts_are_missing(open_case: Any) -> None:
-    case = report_cases.healthy()
-    case.facts.records["run"][0]["timeline"] = report_cases.recorded_timeline(
-        case.facts.records["run"][0]["step_times"])  # a CPU run: no NVML, no allocator
-    page, _ = open_case(case)
+def test_the_oom_test_s_memory_lane_shows_its_limit_and_the_failure(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+    anchor = _test_id(page, "other_process_oom")
+    _draw(page, anchor)
+    (memory,) = page.lanes(anchor)
+    assert memory["lane"] == "memory" and memory["failure"] and memory["request"]
+    assert any(line.startswith("budget 8.3 GiB") for line in memory["lines"])
+    assert memory["bands"] == ["other processes held 131.5 GiB"]
+    oom = _test_id(page, "oom_failure/")
+    _draw(page, oom)
+    lanes = {lane["lane"]: lane for lane in page.lanes(oom)}
+    assert all(lane["failure"] for lane in lanes.values())  # marked across every lane
+    assert lanes["memory"]["request"]
+    page.page.locator(f"#{anchor} .timeline").scroll_into_view_if_needed()
+    page.screenshot("h200_other_process_oom")
+
+
+def test_clicking_a_finding_shades_where_it_happened(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+    anchor = _test_id(page, "checkpoint_every_step")
+    _draw(page, anchor)
+    button = page.page.locator(f"#{anchor} button.show-moment").first
+    assert "every step after warm-up saved a checkpoint" in button.inner_text()
+    button.click()
+    assert button.get_attribute("aria-pressed") == "true"
+    lanes = {lane["lane"]: lane for lane in page.lanes(anchor)}
+    assert lanes["steps"]["moments"] == 1 and lanes["util"]["moments"] == 1
+    assert lanes["memory"]["moments"] == 0  # only the lanes the finding is about
+    finding = page.page.locator(f"#{anchor} .finding.highlighted")
+    assert finding.count() == 1 and "GT140" in finding.inner_text()
+    button.click()  # again: back to every finding's moments, lightly
+    assert button.get_attribute("aria-pressed") == "false"
+
+
+def test_zoom_moves_every_lane_and_the_cursor_shows_values(open_case: Any) -> None:
+    page, _ = _suite(open_case)
+    anchor = _test_id(page, "starved_loader")
+    _draw(page, anchor)
+    scales = "id => window.gputrain.stacks[id].plots.map(u => [u.scales.x.min, u.scales.x.max])"
+    before = page.page.evaluate(scales, anchor)
+    page.page.click(f"#{anchor} button[data-zoom='in']")
+    after = page.page.evaluate(scales, anchor)
+    assert len({tuple(x) for x in after}) == 1  # every lane at the same range
+    assert after[0][1] - after[0][0] < (before[0][1] - before[0][0]) * 0.6
+    page.page.click(f"#{anchor} button[data-zoom='reset']")
+    assert page.page.evaluate(scales, anchor)[0] == before[0]
+    over = page.page.locator(f"#{anchor} .lane[data-lane='util'] .u-over")
+    over.scroll_into_view_if_needed()
+    box = over.bounding_box()
+    assert box is not None
+    over.hover(position={"x": box["width"] * 0.8, "y": 20})  # after the long first step
+    tooltip = page.page.locator("#tooltip")
+    assert tooltip.is_visible() and "GPU utilisation" in tooltip.inner_text()
+    assert "step " in tooltip.inner_text()  # the steps lane's bar under the cursor too
+
+
+def test_a_phone_gets_no_sideways_scroll_and_a_filter_bar_that_stays_out_of_the_way(
+        open_case: Any) -> None:
+    page, _ = _suite(open_case, PHONE, has_touch=True, is_mobile=True)
+    _loaded_cleanly(page)
+    assert page.page.locator("#filter-toggle").is_visible()
+    assert not page.page.locator("#filter-body").is_visible()  # folded
+    page.screenshot("h200_suite_phone_top")
     page.open_all()
-    assert [(c["title"], c["series"]) for c in page.charts()] == [
-        ("Steps and DataLoader waits", 2)]
-    assert page.page.get_by_text("no GPU timeline: utilisation, SM clock, power and "
-                                 "temperature were not sampled").is_visible()
+    width = page.page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"]
+    # A link to a test lands below the filter bar, not under it.
+    anchor = _test_id(page, "other_process_oom")
+    page.page.click(f'#summary-table a[href="#{anchor}"]')
+    page.page.wait_for_timeout(200)
+    bar = page.page.locator("#filters").bounding_box()
+    test = page.page.locator(f"#{anchor}").bounding_box()
+    assert bar is not None and test is not None and test["y"] >= bar["y"] + bar["height"] - 1
+    # A tap shows the values where the finger is.
+    oom = _test_id(page, "starved_loader")
+    _draw(page, oom)
+    lane = page.page.locator(f"#{oom} .lane[data-lane='util'] .u-over")
+    lane.scroll_into_view_if_needed()
+    lane.tap(position={"x": 150, "y": 20})
+    assert page.page.locator(f"#{oom} .readout").inner_text().startswith("at ")
+    page.page.locator(f"#{oom} .timeline").scroll_into_view_if_needed()
+    page.screenshot("h200_starved_loader_phone")
+    assert page.page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+
+def test_dark_mode_follows_the_system(open_case: Any) -> None:
+    page, _ = _suite(open_case, color_scheme="dark")
+    _loaded_cleanly(page)
+    paper = page.page.evaluate("getComputedStyle(document.body).backgroundColor")
+    ink = page.page.evaluate("getComputedStyle(document.body).color")
+    assert paper == "rgb(20, 23, 28)" and ink == "rgb(230, 233, 238)"
+    assert page.page.locator("#headline").evaluate(
+        "h => getComputedStyle(h).color") == "rgb(255, 123, 114)"
+    anchor = _test_id(page, "oom_failure/")
+    _draw(page, anchor)
+    # The lanes read the same variables: a dark plot, light grid lines.
+    grid = page.page.evaluate("""id => { const u = window.gputrain.stacks[id].plots[0];
+        const stroke = u.axes[1].grid.stroke;
+        return typeof stroke === 'function' ? stroke(u, 1) : stroke; }""", anchor)
+    assert grid == "#3a414b"
+    page.page.locator(f"#{anchor} .timeline").scroll_into_view_if_needed()
+    page.screenshot("h200_oom_failure_dark")
+
+
+def test_every_control_is_reachable_by_keyboard(open_case: Any) -> None:
+    """Every control is a native control (or a heading tablesort makes focusable); Tab reaches
+    them in order, and Enter works them."""
+    page, _ = _suite(open_case)
+    anchor = _test_id(page, "starved_loader")
+    _draw(page, anchor)
+    unreachable = page.page.evaluate("""() => Array.from(document.querySelectorAll(
+        'button, input, select, summary, a[href], #summary-table th:not([data-sort-method=none])'))
+        .filter(e => !e.closest('[hidden]') && e.tabIndex < 0).map(e => e.outerHTML)""")
+    assert unreachable == []
+    page.page.locator("#filter-toggle").focus()  # hidden on a desktop: the filters come next
+    page.page.locator('input[name="severity"]').first.focus()
+    page.page.keyboard.press("Space")
+    assert page.page.locator('input[name="severity"]').first.is_checked() is False
+    page.page.keyboard.press("Space")
+    zoom = page.page.locator(f"#{anchor} button[data-zoom='in']")
+    zoom.focus()
+    page.page.keyboard.press("Enter")
+    assert page.page.evaluate(f"document.getElementById('{anchor}').dataset.zoom")
+    page.page.keyboard.press("Tab")  # to the next control of the toolbar
+    assert page.page.evaluate("document.activeElement.dataset.zoom") == "out"
+    page.page.locator("#expand-all").focus()
+    page.page.keyboard.press("Enter")
+    assert page.page.evaluate("Array.from(document.querySelectorAll('details.test'))"
+                              ".every(d => d.open)")
 
 
 def test_a_straggler_shows_as_one_lane_per_rank(open_case: Any) -> None:
     page, _ = open_case(report_cases.straggler())
-    charts = page.charts()  # the test has a warning: open from the start, drawn when seen
-    assert [(c["title"], c["series"], c["steps"]) for c in charts] == [("lanes", 2, 40)]
+    page.page.evaluate("window.gputrain.drawOpen()")
+    lanes = page.page.eval_on_selector_all(
+        ".lanes", "els => els.map(e => [+e.dataset.series, +e.dataset.stepMarkers])")
+    assert lanes == [[2, 40]]
     legend = page.page.locator(".lanes .u-legend").inner_text()
     assert "rank 1 (straggler)" in legend and "20 steps" in legend
 
@@ -182,7 +388,7 @@ def test_the_benchmark_shows_each_side_s_sessions(open_case: Any) -> None:
 
 def test_the_ladder_shows_its_rungs_and_its_memory_per_batch_fit(open_case: Any) -> None:
     page, _ = open_case(report_cases.ladder())
-    rows = page.page.locator("#ladder > table tr").count()
+    rows = page.page.locator("#ladder .table-wrap tr").count()
     assert rows == 4  # the header and three rungs
     fit = page.page.locator(".ladder-fit")
     # the probes, the fitted line, the budget and the verified run
@@ -219,18 +425,28 @@ def test_a_permalink_opens_its_test(open_case: Any) -> None:
     anchor = anchor_of(report_cases.NODE)
     assert page.page.evaluate(f"document.getElementById('{anchor}').open") is False
     page.page.goto(f"{page.url}#{anchor}")
-    page.page.wait_for_function(f"document.getElementById('{anchor}').open")
-    page.page.wait_for_timeout(100)
-    assert len(page.charts()) == 4  # utilisation, memory, power and temperature, steps
+    page.page.wait_for_function(f"document.getElementById('{anchor}').dataset.drawn")
+    assert [lane["lane"] for lane in page.lanes()] == [
+        "util", "memory", "clock", "power", "temperature", "steps"]
 
 
-def test_printing_shows_every_test_opened(open_case: Any) -> None:
-    page, _ = open_case(report_cases.healthy())
+def test_printing_draws_the_open_tests_fitted_to_the_page(open_case: Any) -> None:
+    """The paper shows the page as it is: each open test whole, its timeline drawn at the
+    page's width; a closed test as its one line."""
+    page, _ = _suite(open_case)
     page.page.emulate_media(media="print")
     page.page.evaluate("window.dispatchEvent(new Event('beforeprint'))")
-    assert page.page.evaluate("Array.from(document.querySelectorAll('details.test'))"
-                              ".every(d => d.open)")
+    opened = page.page.evaluate("Array.from(document.querySelectorAll('details.test[open]'))"
+                                ".filter(d => window.gputrain.stacks[d.id]).length")
+    assert opened == len(page.page.evaluate("Object.keys(window.gputrain.stacks)")) >= 8
     assert not page.page.locator("#filters").is_visible()
+    assert not page.page.locator(".chart-controls").first.is_visible()
+    widths = page.page.evaluate("Object.values(window.gputrain.stacks).flatMap("
+                                "s => s.plots.map(u => u.width))")
+    assert widths and max(widths) <= 680  # the text column of an A4 or Letter page
+    pdf = page.page.pdf(format="A4")
+    assert pdf.startswith(b"%PDF")
+    page.page.evaluate("window.dispatchEvent(new Event('afterprint'))")
 
 
 def test_a_500_test_report_opens_quickly(browser: Any, tmp_path: Path) -> None:

@@ -22,9 +22,12 @@ from pytest_gputrain.distributed import analysis
 from pytest_gputrain.facts import FactsFile
 from pytest_gputrain.probe.run import RunProbe
 from pytest_gputrain.report.html import assets, report_html
+from pytest_gputrain.report.model import build_report
 from pytest_gputrain.report.page import anchor_of, build_page
-from pytest_gputrain.report.timeline import run_timeline
+from pytest_gputrain.report.prose import linked, markdown_html
+from pytest_gputrain.report.timeline import DeviceLimits, run_timeline
 from pytest_gputrain.series import gaps, keep_extremes
+from pytest_gputrain.severity import SEVERITY_RANK
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
@@ -76,8 +79,28 @@ def test_a_cpu_training_run_records_its_steps_on_the_test_s_clock() -> None:
     assert timeline.step_end == sorted(timeline.step_end)
     assert math.isclose(timeline.step_end[-1], sum(timeline.step_time), abs_tol=1e-3)
     assert len(timeline.loader_wait) == 4 and all(w >= 0 for w in timeline.loader_wait)
-    assert timeline.nvml_time == [] and "CPU run" in timeline.unknown["nvml_time"]
+    assert timeline.nvml_time == [] and "trained on cpu, not CUDA" in timeline.unknown["nvml_time"]
     assert timeline.window_start is None and timeline.memory_time == []
+
+
+def test_the_timeline_keeps_the_steps_of_saves_and_syncs_for_the_findings_about_them(
+        tmp_path: Path) -> None:
+    """A checkpoint saved in the third step: its step is kept for the picture of GT140; each
+    kept step has its time inside syncs (none on the CPU)."""
+    probe = RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    model = torch.nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16)):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        if step == 2:
+            torch.save(model.state_dict(), tmp_path / "checkpoint.pt")
+        optimizer.step()
+    probe.stop()
+    timeline = probe.facts().timeline
+    assert timeline.save_steps == [3]
+    assert timeline.sync_wait == [0.0] * 4 and timeline.compile_steps == []
 
 
 def test_the_timeline_puts_every_reading_on_one_clock() -> None:
@@ -117,42 +140,114 @@ def test_each_rank_s_steps_are_on_the_clock_of_the_first_event() -> None:
 
 
 def _series(timeline: dict[str, Any]) -> dict[str, list[str]]:
-    return {chart["title"]: [s["label"] for t in chart["tables"] for s in t["series"]]
-            for chart in timeline["charts"]}
+    """Each lane's series by label (a bars lane: its stack)."""
+    return {lane["id"]: [s["label"] for s in lane["stack"]] if lane.get("kind") == "bars"
+            else [s["label"] for t in lane["tables"] for s in t["series"]]
+            for lane in timeline["lanes"]}
 
 
-def test_a_gpu_run_draws_utilisation_memory_power_and_steps() -> None:
-    run = report_cases.out_of_memory().facts.records["run"][0]
-    failure = report_cases.out_of_memory().facts.records["failure"][0]
-    timeline = run_timeline(run, failure, 600)
+def _lane(timeline: dict[str, Any], name: str) -> dict[str, Any]:
+    lane: dict[str, Any] = next(lane for lane in timeline["lanes"] if lane["id"] == name)
+    return lane
+
+
+def test_a_gpu_run_is_a_stack_of_lanes_on_honest_ranges() -> None:
+    """Utilisation on 0-100 %, each quantity in a lane of its own (no twin axes), clocks and
+    power from 0, temperature from 20 °C to the slowdown temperature, steps as stacked bars."""
+    case = report_cases.out_of_memory()
+    run, failure = case.facts.records["run"][0], case.facts.records["failure"][0]
+    limits = DeviceLimits(memory_total=150 * GiB, sm_clock_max=1980.0, power_limit=700.0,
+                          temperature_slowdown=87.0)
+    timeline = run_timeline(run, failure, 600, limits)
     assert _series(timeline) == {
-        "GPU utilisation and SM clock": ["GPU utilisation", "SM clock"],
-        "Memory": ["allocated", "reserved", "device used (all processes)",
-                   "this process (NVML)", "budget"],
-        "Power and temperature": ["power", "temperature"],
-        "Steps and DataLoader waits": ["step time", "DataLoader wait"],
+        "util": ["GPU utilisation"], "clock": ["SM clock"], "power": ["power"],
+        "memory": ["allocated", "reserved", "device in use (all processes)",
+                   "this process (NVML)"],
+        "temperature": ["temperature"],
+        "steps": ["DataLoader wait", "GPU busy", "host, GPU idle",
+                  "host and GPU (no NVML sample)"],
     }
+    ranges = {lane["id"]: lane["range"] for lane in timeline["lanes"]}
+    assert ranges["util"] == [0, 100] and ranges["clock"][0] == 0 and ranges["power"][0] == 0
+    assert ranges["clock"][1] >= 1980 and ranges["power"][1] >= 700
+    assert ranges["temperature"][0] == 20 and ranges["temperature"][1] >= 87
+    steps = _lane(timeline, "steps")
+    assert len(steps["x"]) == 40 and steps["numbers"] == list(range(1, 41))
+    # Each bar adds up to its step (ms), the loader wait first.
+    totals = [sum(s["values"][i] for s in steps["stack"]) for i in range(40)]
+    assert totals == pytest.approx([w * 1000 for w in steps["width"]], abs=0.05)
+    # The 900 ms first step does not flatten the others: it is cut at the top.
+    assert steps["range"][1] < 200 and max(totals) > 800
     markers = timeline["markers"]
-    steps = markers["steps"]  # the window of steps 3-6: from the end of step 2 to that of 6
-    assert len(steps) == 40 and markers["window"] == pytest.approx([steps[1], steps[5]])
+    assert markers["window"] == pytest.approx([steps["x"][1], steps["x"][5]])
     assert markers["failure"]["label"] == "oom"
     assert markers["failure"]["t"] == pytest.approx(markers["oom"][-1], abs=1e-3)
+
+
+def test_a_small_temperature_wobble_stays_flat_and_ticks_are_honest() -> None:
+    run = report_cases.throttled().facts.records["run"][0]
+    run["timeline"]["temperature"] = [39.0 + (i % 2) for i in range(len(
+        run["timeline"]["nvml_time"]))]
+    lane = _lane(run_timeline(run, None, 600), "temperature")
+    low, high = lane["range"]
+    assert low <= 20 and high - low >= 60  # a degree is a sliver, not a spike
+
+
+def test_an_oom_failure_draws_the_limit_that_was_hit() -> None:
+    """Another process held the GPU (recorded on the H200, before the probe read the allocator
+    at the failure): the memory lane stops at the failure with the bytes the error reported,
+    the budget that was left, the other process's share and the refused allocation."""
+    case = report_cases.h200_sample("other_process_oom")
+    run, failure = case.facts.records["run"][0], case.facts.records["failure"][0]
+    timeline = run_timeline(run, failure, 600)
+    memory = _lane(timeline, "memory")
+    assert [lane["id"] for lane in timeline["lanes"]] == ["memory"]
+    (table,) = memory["tables"]
+    assert table["x"] == [timeline["markers"]["failure"]["t"]]
+    assert table["series"][0]["values"] == [2.25]  # GiB allocated at the failure
+    (budget,) = [line for line in memory["lines"] if line["style"] == "limit"]
+    assert budget["label"].startswith("budget 8.3 GiB (the device's memory less other")
+    (band,) = memory["bands"]
+    assert band["label"] == "other processes held 131.5 GiB"
+    assert memory["request"]["label"] == "refused: 8.0 GiB more"
+    assert memory["request"]["to"] > budget["value"] > memory["request"]["from"]
+    fraction = run_timeline(*(lambda c: (c.facts.records["run"][0], c.facts.records[
+        "failure"][0]))(report_cases.h200_sample("fraction_restored_oom")), 600)
+    (limit,) = [line for line in _lane(fraction, "memory")["lines"] if line["style"] == "limit"]
+    assert "set_per_process_memory_fraction(0.0286)" in limit["label"]
 
 
 def test_series_that_were_not_recorded_are_left_out_with_the_reason() -> None:
     data = report_cases.load_fact_set("run_healthy_h200")  # recorded before the timeline
     timeline = run_timeline(data["runs"][0], None, 600)
-    assert list(_series(timeline)) == ["Steps and DataLoader waits"]  # from step_times
-    assert _series(timeline)["Steps and DataLoader waits"] == ["step time"]
-    assert any(note.startswith("no GPU timeline") for note in timeline["notes"])
-    assert any(note.startswith("no memory timeline") for note in timeline["notes"])
-    assert len(timeline["markers"]["steps"]) == 200 and "failure" not in timeline["markers"]
+    assert list(_series(timeline)) == ["steps"]  # from step_times
+    assert _series(timeline)["steps"] == ["host and GPU (no NVML sample)"]
+    assert any(note.startswith("no utilisation, clock, power or temperature lanes")
+               for note in timeline["notes"])
+    assert any(note.startswith("no memory lane") for note in timeline["notes"])
+    assert len(_lane(timeline, "steps")["x"]) == 200 and "failure" not in timeline["markers"]
 
 
-def test_the_budget_line_is_drawn_only_where_the_run_came_near_it() -> None:
+def test_the_budget_is_drawn_only_where_the_run_came_near_it() -> None:
     timeline = run_timeline(report_cases.healthy().facts.records["run"][0], None, 600)
-    assert "budget" not in _series(timeline)["Memory"]
-    assert any("memory budget 140.4 GiB not drawn" in note for note in timeline["notes"])
+    memory = _lane(timeline, "memory")
+    assert memory["lines"] == []
+    assert "budget 140.4 GiB, at most 21 % used: not drawn" in memory["note"]
+
+
+def test_findings_are_placed_where_they_happened() -> None:
+    """GT140's saves, GT102's starved steps, GT142's NaN loss: spans on the lanes they are
+    about; GT201's failure on the memory lane."""
+    page = build_page(*(lambda c: (c.report(), c.facts))(report_cases.h200_suite()))
+    moments = {f.finding.code: f.moment for t in page.tests for f in t.findings}
+    assert moments["GT140"]["lanes"] == ["steps", "util"] and moments["GT140"]["spans"]
+    assert moments["GT102"]["spans"] and "DataLoader" in moments["GT102"]["label"]
+    start, end = moments["GT142"]["spans"][0]
+    assert "from step 9 on" in moments["GT142"]["label"] and end > start > 0
+    assert moments["GT201"]["lanes"] == ["memory"] and moments["GT201"]["spans"]
+    assert moments["GT212"] == {}  # failed in a DataLoader worker: no timeline to mark
+    assert moments["GT128"]["label"].endswith("the profiler window these figures were "
+                                              "measured in")
 
 
 def test_a_throttled_run_marks_when_the_clocks_were_held() -> None:
@@ -173,11 +268,100 @@ def test_findings_belong_to_their_test_and_outcomes_come_from_the_records() -> N
     page = build_page(case.report(), case.facts)
     test, = page.tests
     assert test.nodeid == "tests/test_ddp.py::test_ddp_train" and test.outcome == "passed"
-    assert [f.code for f in test.findings] == ["GT301"] and test.worst == "warning"
+    assert [f.finding.code for f in test.findings] == ["GT301"] and test.worst == "warning"
     assert test.timelines[0]["kind"] == "lanes" and test.timelines[0]["straggler"] == 1
     failed = build_page(report_cases.out_of_memory().report(),
                         report_cases.out_of_memory().facts)
     assert [t.outcome for t in failed.tests] == ["failed"] and failed.outcomes_derived
+
+
+# -- triage: the verdict and the summary ---------------------------------------------------------
+
+
+def test_the_headline_is_red_when_a_test_failed_whatever_the_diagnosis_gate() -> None:
+    """A suite with failed tests whose diagnosis never fails the run (gpu_fail_on = never)
+    still reads as failed, in the headline and the tab's title; outcomes and the diagnosis are
+    said apart."""
+    case = report_cases.h200_suite()
+    report = build_report(case.facts.environment, case.findings(), "never", {})
+    page = build_page(report, case.facts)
+    line = page.headline
+    assert line.failed and line.tests.startswith("5 of 14 tests failed")
+    assert line.gate == "The diagnosis does not fail the run (gpu_fail_on = never)."
+    assert line.title.startswith("FAILED: 5 of 14 tests failed")
+    html = report_html(report, case.facts)
+    assert '<h1 class="headline failed" id="headline">' in html
+    assert re.search(r"<title>FAILED: 5 of 14 tests failed", html)
+    healthy = report_cases.healthy()
+    calm = build_page(healthy.report(), healthy.facts).headline
+    assert not calm.failed and calm.tests.startswith("The test passed")
+
+
+def test_the_summary_has_a_row_per_test_failed_and_most_severe_first() -> None:
+    case = report_cases.h200_suite()
+    page = build_page(case.report(), case.facts)
+    assert len(page.tests) == 14
+    outcomes = [t.outcome for t in page.tests]
+    assert outcomes == ["failed"] * 5 + ["passed"] * 9
+    ranks = [SEVERITY_RANK.get(t.worst, -1) for t in page.tests[5:]]
+    assert ranks == sorted(ranks, reverse=True)
+    starved = next(t for t in page.tests if "starved_loader" in t.nodeid)
+    assert starved.titles == ["The GPU waits for the DataLoader"] or \
+        "The GPU waits for the DataLoader" in starved.titles
+    assert starved.figures.loader_wait is not None and starved.figures.loader_wait > 90
+    assert starved.sparkline.startswith("<svg") and starved.starts_open
+    # A forgotten profiler is an info finding, but it costs every step: the test starts open.
+    profiler = next(t for t in page.tests if "profiler_left_on" in t.nodeid)
+    assert profiler.worst == "info" and profiler.starts_open
+    healthy = next(t for t in page.tests if "healthy_resnet" in t.nodeid)
+    assert not healthy.starts_open
+
+
+def test_a_failed_test_without_a_timeline_says_why_in_words_that_fit_it() -> None:
+    case = report_cases.h200_suite()
+    page = build_page(case.report(), case.facts)
+    words = {t.nodeid.split("/")[2]: " ".join(t.notes) for t in page.tests if t.failing}
+    assert "in a DataLoader worker process" in words["cuda_in_dataset"]
+    assert "failed with a device mismatch error after 1 forward" in words["device_mismatch"]
+    assert all("CPU run" not in text for text in words.values())
+    ooms = [t for t in page.tests if t.failing and "oom" in t.nodeid]
+    assert len(ooms) == 3 and all(any(lane["id"] == "memory" for lane in t.timelines[0][
+        "lanes"]) for t in ooms)
+
+
+def test_what_a_rule_says_on_every_test_is_said_once() -> None:
+    case = report_cases.many_tests(9)  # GT102 on three tests
+    html = report_html(case.report(), case.facts)
+    why = case.findings()[0].why
+    assert len(case.findings()) == 3
+    assert html.count("<code>GT102</code> dataloader-starvation") == 1  # the rule's heading
+    assert html.count(str(markdown_html(why))) == 1
+    assert html.count('href="#rule-GT102"') == 4  # three findings and the codes table
+
+
+def test_rule_text_is_markdown_with_safe_links_only() -> None:
+    html = str(markdown_html("Use `torch.no_grad()`; see [docs](https://docs.pytorch.org/x) "
+                             "or [this](javascript:alert(1)) <script>alert(1)</script>"))
+    assert "<code>torch.no_grad()</code>" in html
+    assert '<a href="https://docs.pytorch.org/x" rel="noopener noreferrer">docs</a>' in html
+    assert "javascript:" not in html.replace("[this](javascript:alert(1))", "") and \
+        "<script>" not in html
+    refs = str(linked("https://docs.pytorch.org/docs/stable/data.html#x). javascript:alert(1)"))
+    assert refs.startswith('<a href="https://docs.pytorch.org/docs/stable/data.html#x" ')
+    assert refs.endswith("). javascript:alert(1)")
+
+
+def test_the_steps_lane_overlays_the_baseline_the_gate_compared_with() -> None:
+    case = report_cases.benchmark_comparison()
+    page = build_page(case.report(), case.facts)
+    (test,) = page.tests
+    steps = _lane(test.timelines[0], "steps")
+    (band,) = steps["bands"]
+    assert band["style"] == "baseline" and band["label"].startswith("baseline base-17")
+    assert steps["lines"][0]["label"].startswith("baseline median 43")
+    assert page.regression[test.nodeid]["baseline"]["median"] == steps["lines"][0]["value"]
+    html = report_html(case.report(), case.facts)
+    assert 'class="regression"' in html and "The steps lane overlays the baseline" in html
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -268,26 +452,37 @@ TRAIN = """
     def test_skipped():
         import pytest
         pytest.skip("not here")
+
+    def test_checks_the_loss():
+        loss = 0.62
+        assert loss >= 0.8, "the loss did not go down"
 """
 
 
 def test_pytest_writes_the_page_with_every_test_s_outcome(
         pytester: pytest.Pytester, use_facts: Callable[..., Any]) -> None:
+    """Each test's outcome, and a failed test's traceback preformatted; the headline is red
+    although the diagnosis never fails the run."""
     use_facts("cpu_laptop")
     pytester.makepyfile(test_suite=TRAIN)
     # Its own process, as users run it: in-process, an earlier test's leftovers in this worker
     # dropped the plain tests from the page under pytest-xdist (not yet understood).
     result = pytester.runpytest_subprocess("--gpu-report=html:report.html",
                                            "--gpu-fail-on=never", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, skipped=1)
+    result.assert_outcomes(passed=2, skipped=1, failed=1)
     result.stdout.fnmatch_lines(["gputrain: report written to *report.html"])
     page = (pytester.path / "report.html").read_text(encoding="utf-8")
-    found = re.findall(r'data-outcome="(\w+)"[^>]*>\s*<summary>.*?<code>([^<]+)</code>',
-                       page, re.S)
+    found = re.findall(r'<details class="test"[^>]*data-outcome="(\w+)"[^>]*>\s*<summary>.*?'
+                       r'<code class="nodeid">([^<]+)</code>', page, re.S)
     assert {nodeid: outcome for outcome, nodeid in found} == {
         "test_suite.py::test_train": "passed", "test_suite.py::test_plain": "passed",
-        "test_suite.py::test_skipped": "skipped"}
-    assert "Steps and DataLoader waits" in json.dumps(
+        "test_suite.py::test_skipped": "skipped", "test_suite.py::test_checks_the_loss": "failed"}
+    assert re.search(r"<title>FAILED: 1 of 4 tests failed", page)
+    traceback = re.search(r'<details class="traceback" open><summary>Traceback.*?<pre>(.*?)</pre>',
+                          page, re.S)
+    assert traceback is not None
+    assert "assert loss &gt;= 0.8" in traceback.group(1) and "\n" in traceback.group(1)
+    assert "Steps: where each step" in json.dumps(
         json.loads(re.search(r'id="gputrain-data">(.*?)</script>', page, re.S).group(1)))  # type: ignore[union-attr]
 
 
@@ -316,3 +511,25 @@ def test_the_benchmarks_section_counts_cannot_tell_apart_from_ok() -> None:
     assert re.search(r"1 ok,\s*1 cannot tell\s*\(cannot-tell policy: warn\)", untold_page)
     assert "step_time: CANNOT TELL" in untold_page
 
+
+
+def test_a_compared_test_shows_its_counters_base_beside_head() -> None:
+    """The gate's explanation of a test's per-step counters (sections.benchmarks.explanations)
+    sits in that test's own block, next to its timeline, opened where a counter rose."""
+    from test_regression_counters import ITEM, counted, sides
+
+    from pytest_gputrain.regression import explain
+
+    case = report_cases.benchmark_comparison()
+    (nodeid,) = case.sections["benchmarks"]["steps"]
+    explanation = explain.explain(nodeid, *sides(counted(), counted(
+        syncs=1, sync_sites=[{**ITEM, "code": "print(loss.item())"}])))
+    assert explanation is not None and explanation["changes"]
+    case.sections["benchmarks"]["explanations"] = [explanation]
+    page = build_page(case.report(), case.facts)
+    assert page.regression[nodeid]["explanation"] is explanation
+    html = report_html(case.report(), case.facts)
+    block = html[html.index('class="regression"'):]
+    block = block[:block.index("</div>")]
+    assert '<details class="explanation changed" open' in block
+    assert "+1 sync per step" in block and "print(loss.item())" in block

@@ -73,7 +73,8 @@ def test_a_good_rule_file_keeps_its_values_and_types(tmp_path: Path) -> None:
     ('why = "Loaders need CPUs."\n', "", "missing required field 'why'"),
     ('title = "Few CPUs"\n', 'title = "Few CPUs"\ncolour = "red"\nsize = 2\n',
      "unknown field(s) colour, size; allowed: code, name, title, scope, severity, condition, "
-     "message, fix, why, evidence, references, params, docs"),
+     "message, fix, why, evidence, references, params, docs, warning_when, cost, explains, "
+     "explained_message"),
     ('title = "Few CPUs"', "title = 5", "field 'title' must be a string, got int 5"),
     ('message = "{host.cpu_count_logical} CPUs."', "message = ['a']",
      "field 'message' must be a string, got list ['a']"),
@@ -121,7 +122,8 @@ def test_every_structural_problem_is_reported_at_once(tmp_path: Path) -> None:
             + "colour = 1\n")
     assert problem(tmp_path, text) == (
         "unknown field(s) colour; allowed: code, name, title, scope, severity, condition, "
-        "message, fix, why, evidence, references, params, docs; field 'title' must be a "
+        "message, fix, why, evidence, references, params, docs, warning_when, cost, explains, "
+        "explained_message; field 'title' must be a "
         "string, got int 5; missing required field 'why'")
 
 

@@ -34,7 +34,8 @@ from pytest_gputrain.findings import Finding
 TESTS = Path(__file__).resolve().parent
 
 CASES_DIR = TESTS / "rule_cases"
-CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist", "says", "not_says"}
+CASE_KEYS = {"name", "base", "expect", "set", "unset", "params", "dist", "says", "not_says",
+             "severity", "explained_by"}
 EXPECTATIONS = ("fires", "quiet")
 
 
@@ -53,6 +54,10 @@ class Case:
     # cause the facts name; wording for the device the run trained on).
     says: tuple[str, ...] = ()
     not_says: tuple[str, ...] = ()
+    # The finding's severity where it is not the rule's (severity by measured cost: an info
+    # rule's warning_when), and the cause it defers to (a finding whose rule explains its cost).
+    severity: str | None = None
+    explained_by: str | None = None
 
     @property
     def id(self) -> str:
@@ -73,8 +78,9 @@ def _load_cases() -> list[Case]:
             missing = {"name", "base", "expect"} - set(raw)
             assert not missing, f"{where}: missing key(s) {sorted(missing)}"
             assert raw["expect"] in EXPECTATIONS, f"{where}: expect must be fires or quiet"
-            assert raw["expect"] == "fires" or not ({"says", "not_says"} & set(raw)), \
-                f"{where}: says / not_says check the text of a finding that fires"
+            assert raw["expect"] == "fires" or not (
+                {"says", "not_says", "severity", "explained_by"} & set(raw)), \
+                f"{where}: says / not_says / severity / explained_by check a finding that fires"
             cases.append(
                 Case(
                     code=path.stem,
@@ -87,6 +93,8 @@ def _load_cases() -> list[Case]:
                     dist=dict(raw.get("dist", {})),
                     says=tuple(raw.get("says", [])),
                     not_says=tuple(raw.get("not_says", [])),
+                    severity=raw.get("severity"),
+                    explained_by=raw.get("explained_by"),
                 )
             )
     return cases
@@ -197,7 +205,8 @@ def test_rule_case(case: Case) -> None:
         )
         rule = next(rule for rule in engine_for(case).rules if rule.code == case.code)
         for finding in mine:
-            assert finding.severity == rule.severity
+            assert finding.severity == (case.severity or rule.severity), case.id
+            assert finding.explained_by == case.explained_by, case.id
             assert finding.message.strip() and finding.fix.strip()
             text = f"{finding.message}\n{finding.fix}"
             missing = [words for words in case.says if words not in text]

@@ -553,8 +553,8 @@ def test_a_read_back_that_waited_for_queued_gpu_work_is_not_a_stall() -> None:
 def test_the_sync_wrapper_times_the_calls_it_counts() -> None:
     import time
 
+    from pytest_gputrain.collect.sync_calls import wrap_tensor_method, wrap_wait
     from pytest_gputrain.probe.run_record import SyncCounts
-    from pytest_gputrain.probe.torch_hooks import wrap_sync_method
 
     class FakeCudaTensor:
         is_cuda = True
@@ -564,12 +564,17 @@ def test_the_sync_wrapper_times_the_calls_it_counts() -> None:
         return 1.0
 
     counts = SyncCounts()
-    item = wrap_sync_method("item", slow_item, counts)
+    item = wrap_tensor_method("item", slow_item, counts)
     assert item(FakeCudaTensor()) == 1.0
     assert counts.pending == 1 and counts.pending_wait >= 0.015
     FakeCudaTensor.is_cuda = False
     item(FakeCudaTensor())
     assert counts.pending == 1 and counts.pending_wait < 0.1
+    # an explicit wait (torch.cuda.synchronize) is timed too, once it returned
+    synchronize = wrap_wait("torch.cuda.synchronize", lambda: time.sleep(0.02), counts)
+    synchronize()
+    assert counts.pending == 2 and counts.pending_wait >= 0.03
+    assert counts.by_kind == {"Tensor.item": 1, "torch.cuda.synchronize": 1}
 
 
 def test_cudnn_autotuning_in_the_window_leaves_the_read_backs_unknown() -> None:

@@ -115,7 +115,7 @@ def test_option_parsing() -> None:
     assert parse_per_worker("") is None
     assert parse_per_worker("2") == 2
     for bad in ("0", "shared", "-1", "1.5"):
-        with pytest.raises(pytest.UsageError, match="gpu_per_worker / --gpu-per-worker"):
+        with pytest.raises(ValueError, match="is not a whole number >= 1"):
             parse_per_worker(bad)
     assert worker_number("gw12") == 12
     assert worker_number("master") is None
@@ -262,8 +262,8 @@ def test_bad_per_worker_value_is_a_usage_error(pytester: pytest.Pytester) -> Non
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest("--gpu-per-worker=shared")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: gpu_per_worker / --gpu-per-worker: 'shared' is not a "
-                                 "whole number >= 1 (e.g. --gpu-per-worker=1; add --gpu-share*"])
+    result.stderr.fnmatch_lines(["ERROR: --gpu-per-worker: 'shared' is not a "
+                                 "whole number >= 1 (e.g. 1; add --gpu-share*"])
 
 
 def test_without_xdist_the_option_does_nothing(pytester: pytest.Pytester,

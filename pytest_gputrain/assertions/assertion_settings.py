@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_gputrain.assertions.options import DEFAULT_HISTORY
-from pytest_gputrain.options import read
+from pytest_gputrain.options import read, usage_error
 
 if TYPE_CHECKING:
     from pytest_gputrain.assertions.markers import MaxVram
@@ -40,28 +40,31 @@ def read_settings(config: pytest.Config) -> AssertionSettings:
         try:
             default = markers.parse_default_max_vram(str(default_text))
         except markers.MarkerError as exc:
-            raise pytest.UsageError(f"gpu_max_vram / --gpu-max-vram: {exc}") from None
+            raise usage_error(config, "gpu_max_vram", str(exc)) from None
     history_text = str(read(config, "gpu_vram_history") or "0").strip()
     # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
     if not re.fullmatch(r"[0-9]{1,9}", history_text):
         from pytest_gputrain.units import shown
 
-        raise pytest.UsageError(
-            f"gpu_vram_history / --gpu-vram-history: {shown(history_text)} is not a whole "
-            f"number of entries from 0 to 999999999 (e.g. --gpu-vram-history={DEFAULT_HISTORY}, "
-            "0 turns it off)")
+        raise usage_error(
+            config, "gpu_vram_history", f"{shown(history_text)} is not a whole number of "
+            f"entries from 0 to 999999999 (e.g. {DEFAULT_HISTORY}; 0 turns it off)")
     return AssertionSettings(
         required=bool(read(config, "gpu_required")),
         default_max_vram=default,
         history_entries=int(history_text),
-        per_worker=_per_worker(read(config, "gpu_per_worker")),
+        per_worker=_per_worker(config),
         share=bool(read(config, "gpu_share")),
     )
 
 
-def _per_worker(value: Any) -> int | None:
+def _per_worker(config: pytest.Config) -> int | None:
+    value = read(config, "gpu_per_worker")
     if value is None or (isinstance(value, str) and not value.strip()):
         return None  # the usual case: the pinning's module is not even imported
     from pytest_gputrain.assertions.worker_gpus import parse_per_worker
 
-    return parse_per_worker(value)
+    try:
+        return parse_per_worker(value)
+    except ValueError as exc:
+        raise usage_error(config, "gpu_per_worker", str(exc)) from None

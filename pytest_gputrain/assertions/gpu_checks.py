@@ -362,7 +362,8 @@ class GpuAssertions:
 
     def write_tally(self, terminalreporter: Any) -> None:
         """The GPU tests' tally, for the terminal summary."""
-        _write_tally(terminalreporter, list(self.tally.values()), self.settings.required)
+        _write_tally(terminalreporter, list(self.tally.values()), self.settings.required,
+                     _no_gpu_explained_by(self.config))
 
 
 def _oom_text(backend: GpuBackend, item: pytest.Item) -> str:
@@ -395,8 +396,23 @@ def _oom_text(backend: GpuBackend, item: pytest.Item) -> str:
     return "\n".join(lines)
 
 
-def _write_tally(terminalreporter: Any, tallies: list[_Tally], required: bool) -> None:
-    """The GPU tests' tally, for the terminal summary."""
+def _no_gpu_explained_by(config: pytest.Config) -> str | None:
+    """Said once: the code of the diagnosis's finding that explains why CUDA is unusable, to
+    which the no-GPU skips refer, or None (no diagnosis, or no such finding)."""
+    from pytest_gputrain.diagnosis import diagnosis
+
+    session = diagnosis(config)
+    return session.explained_by("torch.cuda_available") if session is not None else None
+
+
+def _write_tally(terminalreporter: Any, tallies: list[_Tally], required: bool,
+                 no_gpu_explained_by: str | None = None) -> None:
+    """The GPU tests' tally, for the terminal summary, fitted to its width; a skip for want of
+    a usable GPU names the finding that explains it (``no_gpu_explained_by``), where one
+    does."""
+    from pytest_gputrain.assertions.requirements import NO_GPU
+    from pytest_gputrain.report.text import wrap
+
     if not tallies:
         return
     ran = sum(t.ran for t in tallies)
@@ -414,5 +430,9 @@ def _write_tally(terminalreporter: Any, tallies: list[_Tally], required: bool) -
     bad = failed or errors
     markup = {"red": True} if bad else {"yellow": True} if skipped else {"green": True}
     terminalreporter.write_line(text, **markup)
+    width = terminalreporter._tw.fullwidth
     for reason, count in Counter(skipped).most_common(3):
-        terminalreporter.write_line(f"  skipped {count}: {reason}")
+        if no_gpu_explained_by and reason.startswith(f"{NO_GPU}: "):
+            reason = f"{NO_GPU}: see {no_gpu_explained_by} in the diagnosis below"
+        for line in wrap(reason, width, " " * 4, first=f"  skipped {count}: "):
+            terminalreporter.write_line(line)

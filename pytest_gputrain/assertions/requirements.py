@@ -64,6 +64,11 @@ class Inventory:
         return len(self.devices) if self.cuda_available else 0
 
 
+# How the reason a test skips for want of any usable GPU starts (the tally refers to the
+# diagnosis's finding instead of repeating the rest).
+NO_GPU = "no CUDA GPU"
+
+
 def no_gpu_reason(inventory: Inventory) -> str | None:
     """Why no CUDA GPU can be used at all, or None when at least one can."""
     inv = inventory
@@ -99,7 +104,7 @@ def no_gpu_reason(inventory: Inventory) -> str | None:
             reasons.append(text)
         else:
             reasons.append("torch sees no CUDA device")
-    return "no CUDA GPU: " + "; ".join(reasons)
+    return f"{NO_GPU}: " + "; ".join(reasons)
 
 
 def _driver_text(nvml_error: str) -> str:

@@ -108,15 +108,15 @@ def assign_devices(worker_index: int, n_workers: int, per_worker: int,
 
 
 def parse_per_worker(value: Any) -> int | None:
-    """The ``gpu_per_worker`` option: None (off) or a whole number >= 1."""
+    """The ``gpu_per_worker`` option: None (off) or a whole number >= 1; ValueError naming
+    anything else."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     text = str(value).strip()
     # ASCII digits only (int() refuses some that isdigit() accepts), and few of them.
     if not re.fullmatch(r"[0-9]{1,4}", text) or int(text) < 1:
-        raise pytest.UsageError(
-            f"gpu_per_worker / --gpu-per-worker: {shown(value)} is not a whole number >= 1 "
-            "(e.g. --gpu-per-worker=1; add --gpu-share to let workers share GPUs)")
+        raise ValueError(f"{shown(value)} is not a whole number >= 1 (e.g. 1; add --gpu-share "
+                         "to let workers share GPUs)")
     return int(text)
 
 

@@ -126,8 +126,9 @@ def relevant_variables(environ: Mapping[str, str],
 COMPILE_DEBUG = ("TORCH_COMPILE_DEBUG", "TORCH_TRACE", "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
                  "TORCHDYNAMO_VERBOSE", "TORCH_LOGS")
 # TORCH_LOGS artifacts that print generated code or whole graphs (or "+" for debug verbosity).
-_VERBOSE_LOGS = ("output_code", "graph_code", "bytecode", "trace_bytecode", "trace_source",
-                 "aot_graphs", "aot_joint_graphs", "kernel_code", "schedule")
+VERBOSE_LOG_ARTIFACTS = ("output_code", "graph_code", "bytecode", "trace_bytecode",
+                         "trace_source", "aot_graphs", "aot_joint_graphs", "kernel_code",
+                         "schedule")
 
 
 def _truthy(value: str | None) -> bool:
@@ -145,7 +146,7 @@ def compile_debug_settings(environ: Mapping[str, str]) -> list[str]:
             on = bool(value.strip())  # a directory: set means on
         elif name == "TORCH_LOGS":
             parts = [part.strip() for part in value.split(",")]
-            on = any(part.startswith("+") or part.lstrip("+-") in _VERBOSE_LOGS
+            on = any(part.startswith("+") or part.lstrip("+-") in VERBOSE_LOG_ARTIFACTS
                      for part in parts if part and not part.startswith("-"))
         else:
             on = _truthy(value)

@@ -27,7 +27,14 @@ if TYPE_CHECKING:
 
 
 class SettingError(ValueError):
-    """A rule setting from the command line or ini file is malformed."""
+    """A rule setting from the command line or ini file is malformed: ``setting`` names it by
+    its ini name (an entry point names it as the user gave it: ``options.given_as``),
+    ``problem`` says what is wrong."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+        self.problem = problem
 
 
 @dataclass
@@ -65,9 +72,8 @@ def _check_prefix(setting: str, prefix: str) -> str:
     if prefix == "ALL":
         return ""
     if not _PREFIX_RE.match(prefix):
-        raise SettingError(
-            f"{setting}: {shown(prefix)} is not a rule code or code prefix (e.g. GT007 or GT0)"
-        )
+        raise SettingError(setting, f"{shown(prefix)} is not a rule code or code prefix (e.g. "
+                           "GT007 or GT0)")
     return prefix
 
 
@@ -88,25 +94,22 @@ def build_config(
         code, sep, level = item.partition("=")
         code, level = code.strip().upper(), level.strip().lower()
         if not sep or not CODE_RE.match(code) or level not in SEVERITY_RANK:
-            raise SettingError(
-                f"gpu_severity: {item!r} must be CODE=LEVEL with LEVEL info, warning or error "
-                "(e.g. GT008=error)"
-            )
+            raise SettingError("gpu_severity", f"{item!r} must be CODE=LEVEL with LEVEL info, "
+                               "warning or error (e.g. GT008=error)")
         config.severity[code] = level
     for item in split_words(params):
         target, sep, value = item.partition("=")
         code, dot, name = target.partition(".")
         code = code.strip().upper()
         if not sep or not dot or not CODE_RE.match(code) or not name.strip():
-            raise SettingError(
-                f"gpu_rule_param: {item!r} must be CODE.PARAM=VALUE (e.g. GT016.min_shm=1GiB)"
-            )
+            raise SettingError("gpu_rule_param", f"{item!r} must be CODE.PARAM=VALUE (e.g. "
+                               "GT016.min_shm=1GiB)")
         config.params.setdefault(code, {})[name.strip()] = value.strip()
     for folder in split_words(rules_dirs):
         try:  # relative to base_dir, else to the current directory
             config.extra_dirs.append(resolve_path(folder, base_dir or Path()))
         except ValueError as exc:
-            raise SettingError(f"gpu_rules_dir: {exc}") from None
+            raise SettingError("gpu_rules_dir", str(exc)) from None
     return config
 
 
@@ -131,9 +134,8 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
     """Give an overriding value the type of the rule's default (sizes and percents allowed)."""
     if name not in rule.params:
         known = ", ".join(sorted(rule.params)) or "none"
-        raise SettingError(
-            f"gpu_rule_param: {rule.code} has no parameter {name!r} (its parameters: {known})"
-        )
+        raise SettingError("gpu_rule_param", f"{rule.code} has no parameter {name!r} (its "
+                           f"parameters: {known})")
     default = rule.params[name]
     try:
         if isinstance(default, bool):
@@ -147,9 +149,8 @@ def coerce_param(rule: Rule, name: str, text: str) -> Any:
             return parse_percent(text) if text.endswith("%") else _finite_number(text)
         return text
     except ValueError as exc:
-        raise SettingError(
-            f"gpu_rule_param: {rule.code}.{name}={shown(text)}: {exc} (default is {default!r})"
-        ) from None
+        raise SettingError("gpu_rule_param", f"{rule.code}.{name}={shown(text)}: {exc} (default "
+                           f"is {default!r})") from None
 
 
 def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
@@ -164,12 +165,12 @@ def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
     for setting, codes in (("gpu_severity", config.severity), ("gpu_rule_param", config.params)):
         for code in codes:
             if code not in by_code:
-                raise SettingError(f"{setting}: no rule with code {code}{_listing(by_code)}")
+                raise SettingError(setting, f"no rule with code {code}{_listing(by_code)}")
     for setting, prefixes in (("gpu_select", config.select), ("gpu_ignore", config.ignore)):
         for prefix in prefixes:
             if not any(code.startswith(prefix) for code in by_code):
                 what = "code" if CODE_RE.match(prefix) else "code prefix"
-                raise SettingError(f"{setting}: the {what} {prefix} matches no rule"
+                raise SettingError(setting, f"the {what} {prefix} matches no rule"
                                    f"{_listing(by_code)}")
     result = []
     for rule in rules:
@@ -178,10 +179,11 @@ def apply_config(rules: list[Rule], config: RuleConfig) -> list[Rule]:
         params = dict(rule.params)
         for name, text in config.params.get(rule.code, {}).items():
             params[name] = coerce_param(rule, name, text)
-        result.append(replace(rule, severity=config.severity.get(rule.code, rule.severity),
-                              params=params))
+        if rule.code in config.severity:  # the project's severity holds whatever the cost
+            rule = replace(rule, severity=config.severity[rule.code], warning_when=None)
+        result.append(replace(rule, params=params))
     if rules and not result:
-        raise SettingError(f"gpu_select / gpu_ignore leave no rule to run (select "
+        raise SettingError("gpu_select / gpu_ignore", f"the two leave no rule to run (select "
                            f"{' '.join(config.select) or 'ALL'}, ignore "
                            f"{' '.join(config.ignore)}): nothing would be checked")
     return result

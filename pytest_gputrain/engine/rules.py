@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 import sys
-import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,20 +39,34 @@ from pytest_gputrain.units import shown
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
+# What a finding's cost is spent on, in words a cause can name (docs/architecture.md, "Causes
+# and the findings they explain"): a rule whose findings measure such a cost says ``cost = ...``;
+# a rule whose findings are a cause of it says ``explains = [...]``. A finding whose cost a cause
+# of the same recording explains defers to it (``evaluate.defer``).
+COST_KINDS: Final = {
+    "host-overhead": "host time spent per kernel launch, operator or allocation, which leaves "
+                     "the GPU waiting for the host (launch-bound and host-bound steps)",
+    "allocator-calls": "calls into the CUDA driver's allocator (cudaMalloc/cudaFree) while "
+                       "training",
+}
+
 
 class RuleFileError(ValueError):
     """A rule file (or a rule setting) is malformed."""
 
 
 def text_block(text: str) -> str:
-    """A multi-line TOML string as a block: its common indentation and its blank first and last
-    lines removed, every other line's indentation kept (a code example's first line included,
-    which ``str.strip`` would flatten)."""
-    lines = textwrap.dedent(text).splitlines()
+    """A multi-line TOML string as a block: its blank first and last lines and each line's
+    trailing spaces removed, the indentation kept: an indented line is code, which ``explain``
+    shows as written while it re-flows the prose (``report/rule_docs.py``). A one-line value
+    is stripped unless indented as code (four spaces)."""
+    lines = text.splitlines()
     while lines and not lines[0].strip():
         lines.pop(0)
     while lines and not lines[-1].strip():
         lines.pop()
+    if len(lines) == 1 and not lines[0].startswith("    "):
+        return lines[0].strip()
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -73,10 +86,29 @@ class Rule:
     params: dict[str, Any]
     docs: dict[str, str]
     path: Path
+    # Severity by measured cost: an info rule whose finding is a warning where this holds.
+    warning_when: Expr | None = None
+    # The cost its findings measure, and the costs its findings explain (COST_KINDS).
+    cost: str | None = None
+    explains: tuple[str, ...] = ()
+    # The message of a finding whose cost a cause explains (default: ``message``).
+    explained_message: Template | None = None
 
     def names(self) -> frozenset[str]:
-        return (self.condition.names() | self.message.names() | self.fix.names()
-                | frozenset(self.evidence))
+        names = (self.condition.names() | self.message.names() | self.fix.names()
+                 | frozenset(self.evidence))
+        if self.warning_when is not None:
+            names |= self.warning_when.names()
+        if self.explained_message is not None:
+            names |= self.explained_message.names()
+        return names
+
+    def severity_of(self, lookup: Any) -> str:
+        """The finding's severity on these facts: ``severity``, or warning where
+        ``warning_when`` holds (only true counts: an unknown cost is no large cost)."""
+        if self.warning_when is not None and self.warning_when.evaluate(lookup) is True:
+            return "warning"
+        return self.severity
 
 
 # -- the structure of a rule file ------------------------------------------------------------------
@@ -94,6 +126,12 @@ def _severity(severity: str) -> str:
     if severity not in SEVERITY_RANK:
         raise ValueError(f"must be one of {', '.join(SEVERITY_RANK)}")
     return severity
+
+
+def _cost_kind(kind: str) -> str:
+    if kind not in COST_KINDS:
+        raise ValueError(f"must be one of {', '.join(COST_KINDS)}")
+    return kind
 
 
 _STRICT: Final = ConfigDict(extra="forbid", strict=True)
@@ -130,6 +168,12 @@ class _RuleFile(BaseModel):
     params: dict[str, StrictBool | StrictInt | StrictFloat | StrictStr] = Field(
         default_factory=dict, description="a table of numbers, strings and booleans")
     docs: _Docs = Field(default_factory=_Docs, description="a table of strings")
+    warning_when: str | None = Field(default=None, description=_TEXT)
+    cost: Annotated[str, AfterValidator(_cost_kind)] | None = Field(
+        default=None, description=_TEXT)
+    explains: list[Annotated[str, AfterValidator(_cost_kind)]] = Field(
+        default_factory=list, description="a list of strings")
+    explained_message: str | None = Field(default=None, description=_TEXT)
 
 
 def _where(data: object, loc: tuple[int | str, ...]) -> str:
@@ -220,16 +264,22 @@ def load_rule_file(path: Path) -> Rule:
             raise RuleFileError(
                 f"{path}: rule {values.code}: params.{key} = {value!r} is not a finite "
                 "number; give a threshold such as 0.5")
+    _check_cost_fields(path, values)
     compiled: dict[str, Any] = {}
-    for key, parser in (("condition", parse), ("message", parse_template), ("fix", parse_template)):
+    for key, parser in (("condition", parse), ("message", parse_template), ("fix", parse_template),
+                        ("warning_when", parse), ("explained_message", parse_template)):
+        text = getattr(values, key)
+        if text is None:
+            continue
         try:
-            compiled[key] = parser(getattr(values, key))
+            compiled[key] = parser(text)
         except ConditionError as exc:
             raise RuleFileError(f"{path}: field '{key}': {exc}") from None
-    if compiled["condition"].gives_truth() is False:
-        raise RuleFileError(
-            f"{path}: field 'condition': {values.condition.strip()!r} gives a value, not true "
-            "or false, so the rule would never fire; compare it (e.g. `... > 0`)")
+    for key in ("condition", "warning_when"):
+        if key in compiled and compiled[key].gives_truth() is False:
+            raise RuleFileError(
+                f"{path}: field '{key}': {getattr(values, key).strip()!r} gives a value, not "
+                "true or false, so it would never hold; compare it (e.g. `... > 0`)")
     return Rule(
         code=values.code,
         name=values.name,
@@ -245,7 +295,27 @@ def load_rule_file(path: Path) -> Rule:
         params=dict(values.params),
         docs={k: text_block(v) for k, v in values.docs.model_dump(exclude_none=True).items()},
         path=path,
+        warning_when=compiled.get("warning_when"),
+        cost=values.cost,
+        explains=tuple(values.explains),
+        explained_message=compiled.get("explained_message"),
     )
+
+
+def _check_cost_fields(path: Path, values: _RuleFile) -> None:
+    """The severity and cause fields make sense together (docs/architecture.md)."""
+    if values.warning_when is not None and values.severity != "info":
+        raise RuleFileError(
+            f"{path}: field 'warning_when' raises an info finding to a warning where its cost "
+            f"is large; this rule's severity is already {values.severity!r}")
+    if values.explained_message is not None and values.cost is None:
+        raise RuleFileError(
+            f"{path}: field 'explained_message' is the message of a finding whose cost a cause "
+            "explains: give the rule's 'cost' too")
+    if values.cost is not None and values.cost in values.explains:
+        raise RuleFileError(
+            f"{path}: the rule explains its own cost {values.cost!r}: a finding cannot be its "
+            "own cause")
 
 
 def load_rules(directories: Iterable[Path]) -> list[Rule]:

@@ -9,6 +9,16 @@ Where the probes go decides how far the line is extrapolated. The second probe s
 of the reachable batch, estimated from the first probe alone; the third at two thirds, estimated
 from the line through the first two, so the last stretch to the budget is short and the slope
 is measured at the batch sizes that matter (small batches pick other kernels and workspaces).
+Where the two largest probes are still flat (gradients or workspaces, not activations, make
+their peak), more probes climb, up to six, each no further than a bound set by the largest
+probe alone.
+
+A step has two phases, and each gets its own line. Outside ``optimizer.step`` (the forward and
+the backward) memory grows with the batch. Inside it (parameters, gradients, the optimizer's
+state and the temporaries of its update) it does not. With AdamW the update can peak above the
+forward and backward of small batches: a line through whole-step peaks is then flat there, and
+predicts nothing. The batch must fit under both lines; a phase that does not grow bounds
+nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +39,29 @@ MARGIN = 0.02
 # If the batch predicted with MARGIN runs out of memory on verification, the ladder retries
 # once at the batch this wider margin gives.
 FALLBACK_MARGIN = 0.06
+# Past the three planned probes, more (up to MAX_PROBES) while the two largest are still flat:
+# their peak above what was held grew by less than FLAT times the share their batch grew by.
+# Activations grow in proportion with the batch (1.0); gradients and workspaces do not (0.0).
+MAX_PROBES = 6
+FLAT = 0.5
+# How much further than the largest probe alone says (its bytes above what was held, per
+# sample: an overstated cost) a line through two probes may place the next one.
+BEYOND_ALONE = 4.0
+
+
+@dataclass(frozen=True)
+class StepPeaks:
+    """Peak allocated bytes over a few training steps, split at the optimizer's step."""
+
+    outside: int  # outside optimizer.step: the forward and backward, what grows with the batch
+    optimizer: int | None = None  # inside it; None when it never ran (``outside`` is then all)
+
+    @property
+    def whole(self) -> int:
+        return self.outside if self.optimizer is None else max(self.outside, self.optimizer)
+
+
+Probe = tuple[int, StepPeaks]  # (batch size, its peaks)
 
 
 @dataclass(frozen=True)
@@ -62,51 +95,84 @@ def predict_largest(fit: LinearFit, budget: int, safety: float = MARGIN) -> int 
     return max(0, math.floor(usable / fit.per_sample))
 
 
-def reachable_batch(probes: Sequence[tuple[int, int]], fixed: int, budget: int) -> float:
+def phase_lines(probes: Sequence[Probe]) -> list[LinearFit]:
+    """A line per phase of the step (outside the optimizer's step, inside it), each through the
+    two largest probes that measured that phase."""
+    outside = [(batch, peaks.outside) for batch, peaks in probes]
+    inside = [(batch, peaks.optimizer) for batch, peaks in probes if peaks.optimizer is not None]
+    return [fit_upper_line(points) for points in (outside, inside)
+            if len({batch for batch, _ in points}) >= 2]
+
+
+def predict(probes: Sequence[Probe], budget: int, safety: float = MARGIN) -> int | None:
+    """Largest batch at which every phase's line stays under ``budget`` less ``safety``; None
+    when no phase grows with the batch (nothing to extrapolate)."""
+    limits = [predict_largest(fit, budget, safety) for fit in phase_lines(probes)]
+    return min((limit for limit in limits if limit is not None), default=None)
+
+
+def reachable_batch(probes: Sequence[Probe], fixed: int, budget: int) -> float:
     """Where the peak would meet the budget, from what the probes so far say.
 
     One probe: its bytes above ``fixed`` (what was held before the step) over its batch, a cost
-    per sample that overstates (the step's workspaces count as per-sample), so the estimate errs
-    low. Two or more: the line through the two largest."""
+    per sample that overstates (the step's workspaces and the update count as per-sample), so
+    the estimate errs low. Two or more: the least batch at which a phase's line meets it, and
+    no further than BEYOND_ALONE times what the largest probe alone says. On a model whose
+    gradients outweigh the activations of small batches, the forward and backward's peak is
+    flat there (the gradients make it), and a line through two such probes understates the cost
+    per sample many times: the next probe would land far past the budget."""
+    batch, peaks = max(probes, key=lambda probe: probe[0])
+    per_sample = max(1.0, (peaks.whole - fixed) / max(batch, 1))
+    alone = max(float(batch), (budget - fixed) / per_sample)
     if len(probes) == 1:
-        batch, peak = probes[0]
-        per_sample = max(1.0, (peak - fixed) / max(batch, 1))
-        return max(float(batch), (budget - fixed) / per_sample)
-    fit = fit_upper_line(probes)
-    if fit.per_sample <= 0:
-        return float(max(b for b, _ in probes))
-    return (budget - fit.intercept) / fit.per_sample
+        return alone
+    reach = [(budget - fit.intercept) / fit.per_sample
+             for fit in phase_lines(probes) if fit.per_sample > 0]
+    return min([*reach, BEYOND_ALONE * alone]) if reach else float(batch)
 
 
-def next_probe(probes: Sequence[tuple[int, int]], fixed: int, budget: int) -> int | None:
-    """The next probe's batch size, or None when the probes are done (three taken, or the line
-    says the next would come too close to the budget)."""
+def still_flat(probes: Sequence[Probe], fixed: int) -> bool:
+    """Whether the two largest probes' peaks outside the update grew much less than in
+    proportion with their batch: gradients or workspaces, not activations, still make them, and
+    the line through them would understate the cost per sample."""
+    (low, low_peaks), (high, high_peaks) = sorted(probes, key=lambda probe: probe[0])[-2:]
+    above = low_peaks.outside - fixed
+    if above <= 0 or high <= low:
+        return False
+    return (high_peaks.outside - low_peaks.outside) / above < FLAT * (high - low) / low
+
+
+def next_probe(probes: Sequence[Probe], fixed: int, budget: int) -> int | None:
+    """The next probe's batch size, or None when the probes are done (three taken and the two
+    largest not flat, or six taken, or the line says the next would come too close to the
+    budget)."""
     taken = len(probes)
-    if taken > len(PROBE_SHARES):
+    if taken >= MAX_PROBES or (taken > len(PROBE_SHARES) and not still_flat(probes, fixed)):
         return None
     largest = max(b for b, _ in probes)
-    batch = int(reachable_batch(probes, fixed, budget) * PROBE_SHARES[taken - 1])
+    share = PROBE_SHARES[min(taken, len(PROBE_SHARES)) - 1]
+    batch = int(reachable_batch(probes, fixed, budget) * share)
     if batch <= largest:
         return None
     return batch
 
 
-def probes_below(first: int, first_peak: int, fixed: int, budget: int) -> list[int]:
+def probes_below(first: int, first_peaks: StepPeaks, fixed: int, budget: int) -> list[int]:
     """When the first batch is already past a third of the budget, the other probes go below
     it (half and a quarter of it), so that no probe risks the budget."""
-    reach = reachable_batch([(first, first_peak)], fixed, budget)
+    reach = reachable_batch([(first, first_peaks)], fixed, budget)
     if reach * PROBE_SHARES[0] >= first:
         return []
     return [b for b in (first // 2, first // 4) if b >= 1 and b != first]
 
 
-def take_probes(first: int, first_peak: int, fixed: int, budget: int,
-                peak_of: Callable[[int], int]) -> list[tuple[int, int]]:
-    """The probes, (batch size, peak) each: ``first`` as measured, then below it or up to two
-    thirds of the budget, each measured with ``peak_of`` before the next is placed."""
-    probes = [(first, first_peak)]
-    below = probes_below(first, first_peak, fixed, budget)
-    probes += [(batch, peak_of(batch)) for batch in below]
+def take_probes(first: int, first_peaks: StepPeaks, fixed: int, budget: int,
+                peaks_of: Callable[[int], StepPeaks]) -> list[Probe]:
+    """The probes, (batch size, peaks) each: ``first`` as measured, then below it or up to two
+    thirds of the budget, each measured with ``peaks_of`` before the next is placed."""
+    probes = [(first, first_peaks)]
+    below = probes_below(first, first_peaks, fixed, budget)
+    probes += [(batch, peaks_of(batch)) for batch in below]
     while not below and (batch := next_probe(probes, fixed, budget)) is not None:
-        probes.append((batch, peak_of(batch)))
+        probes.append((batch, peaks_of(batch)))
     return probes

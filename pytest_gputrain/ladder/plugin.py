@@ -80,7 +80,8 @@ class LadderTables:
             if not (result.rungs or result.headroom):
                 continue
             terminalreporter.write_sep("=", f"gputrain readiness ladder: {name}")
-            for line in render(result).splitlines():
+            width = terminalreporter._tw.fullwidth
+            for line in render(result, width=width).splitlines():
                 terminalreporter.write_line(line)
 
 

@@ -24,13 +24,19 @@ from typing import Any
 from pytest_gputrain.ladder.headroom import (
     FALLBACK_MARGIN,
     MARGIN,
-    fit_upper_line,
-    predict_largest,
+    Probe,
+    StepPeaks,
+    predict,
     take_probes,
 )
+from pytest_gputrain.ladder.peaks import PeaksAroundOptimizerStep
 from pytest_gputrain.units import format_bytes
 
 Batch = Any  # whatever the project's step function takes
+# What the libraries keep from their first use for the process's life, in the caching
+# allocator: cuBLAS's workspace (32 MiB a stream on Hopper) and cuBLASLt's. A fresh process
+# makes them too, so probes that made them left nothing that matters.
+LIBRARY_WORKSPACES = 64 * 2**20
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -71,11 +77,17 @@ class RungRecord:
 class HeadroomRecord:
     precision: str
     budget: int
-    probes: list[tuple[int, int]]  # (batch size, peak allocated bytes)
+    # (batch size, peak allocated bytes outside optimizer.step: the forward and backward)
+    probes: list[tuple[int, int]]
     predicted: int | None
     verified: bool
-    verified_peak: int | None
+    verified_peak: int | None  # the whole step's
     note: str = ""
+    # Each probe's peak inside optimizer.step (None where the step never ran it).
+    optimizer_peaks: list[int | None] = field(default_factory=list)
+    # Bytes the allocator still held, once the probes' model and optimizer were dropped and its
+    # cache emptied, beyond what it held when the rung began (None: not measured).
+    left_by_probes: int | None = None
 
 
 @dataclass
@@ -219,33 +231,37 @@ class Ladder:
 
     def largest_batch(self, precision: str = "fp32", start_batch: int = 32,
                       budget: int | None = None, device: str = "cuda") -> HeadroomRecord:
-        """Predict the largest batch that fits the real budget from three probes, then verify it
-        with one run. ``budget`` defaults to what this process may really use (see budget())."""
+        """Predict the largest batch that fits the real budget from three probes (up to six
+        where small batches' peaks are flat), then verify it with one run of a new model.
+        ``budget`` defaults to what this process may really use (memory_budget())."""
         torch = _torch()
         dev = self._device(device)
-        model, optimizer = self._fresh(dev)
-        # One step first, so optimizer state and workspaces exist in every probe's baseline.
-        self._run_steps(model, optimizer, dev, precision, self.spec.batches(start_batch), 1)
         budget = budget if budget is not None else memory_budget(dev)
-        first_peak = self._peak(model, optimizer, dev, precision, start_batch)
-        probes = take_probes(start_batch, first_peak, _settled_allocated(torch, dev), budget,
-                             functools.partial(self._peak, model, optimizer, dev, precision))
-        fit = fit_upper_line(probes)
-        record = HeadroomRecord(precision=precision, budget=budget, probes=probes,
-                                predicted=predict_largest(fit, budget, MARGIN), verified=False,
-                                verified_peak=None)
+        held_before = _settled_reserved(torch, dev)
+        probes = self._probes(dev, precision, start_batch, budget)
+        left_by_probes = max(0, _settled_reserved(torch, dev) - held_before)
+        record = HeadroomRecord(
+            precision=precision, budget=budget,
+            probes=[(batch, peaks.outside) for batch, peaks in probes],
+            optimizer_peaks=[peaks.optimizer for _, peaks in probes],
+            predicted=predict(probes, budget, MARGIN), verified=False, verified_peak=None,
+            left_by_probes=left_by_probes)
+        missed: list[str] = []
+        if left_by_probes > max(budget * MARGIN, LIBRARY_WORKSPACES):
+            missed.append(
+                f"the probes left {format_bytes(left_by_probes)} that emptying the cache could "
+                f"not free (something outside the rung keeps their tensors): the verification "
+                f"had that much less room than a fresh process")
         # A batch that runs out of memory on verification, or peaks over a budget smaller than
         # the GPU (one passed in), gets one retry at a wider margin.
-        fallback = predict_largest(fit, budget, FALLBACK_MARGIN)
-        missed: list[str] = []
+        fallback = predict(probes, budget, FALLBACK_MARGIN)
         for attempt in dict.fromkeys((record.predicted, fallback)):
             if not attempt:
                 break
             record.predicted = attempt
             try:
-                record.verified_peak = self._peak(model, optimizer, dev, precision, attempt)
+                record.verified_peak = self._fresh_peaks(dev, precision, attempt).whole
             except torch.OutOfMemoryError:
-                optimizer.zero_grad(set_to_none=True)
                 missed.append(f"batch {attempt} ran out of memory on verification")
                 continue
             record.verified = record.verified_peak <= budget
@@ -255,20 +271,52 @@ class Ladder:
                           f"over the budget of {format_bytes(budget)}")
         record.note = "; ".join(missed)
         self.results.headroom.append(record)
-        del model, optimizer
         _release(torch, dev)
         return record
 
-    def _peak(self, model: Any, optimizer: Any, device: Any, precision: str, batch: int) -> int:
+    def _probes(self, device: Any, precision: str, start_batch: int,
+                budget: int) -> list[Probe]:
+        """The probes, on one model and optimizer that are gone when this returns (nothing here
+        outlives the call: the model, the optimizer and the partial that holds them)."""
+        torch = _torch()
+        model, optimizer = self._fresh(device)
+        # One step first, so optimizer state and workspaces exist in every probe's baseline.
+        self._run_steps(model, optimizer, device, precision, self.spec.batches(start_batch), 1)
+        peaks_of = functools.partial(self._peaks, model, optimizer, device, precision)
+        return take_probes(start_batch, peaks_of(start_batch),
+                           _settled_allocated(torch, device), budget, peaks_of)
+
+    def _fresh_peaks(self, device: Any, precision: str, batch: int) -> StepPeaks:
+        """Peak allocated bytes over two steps at ``batch`` of a new model and optimizer, in an
+        allocator emptied first: what a fresh process at that batch would need.
+
+        The probes' optimizer state was made at their first batch size, among the segments of
+        that step; left alive, it pins those segments after ``empty_cache()``, and their free
+        pieces are the wrong sizes for another batch's blocks. A batch that fits a fresh process
+        then runs out of memory here. The cache is emptied *before* the model is made, or its
+        parameters would land in the segments the probes cached and pin them in turn."""
+        torch = _torch()
+        _release(torch, device)
+        model, optimizer = self._fresh(device)
+        try:
+            return self._peaks(model, optimizer, device, precision, batch)
+        finally:
+            del model, optimizer  # an out-of-memory error's traceback keeps this frame
+
+    def _peaks(self, model: Any, optimizer: Any, device: Any, precision: str,
+               batch: int) -> StepPeaks:
+        """Two steps at ``batch``; their peaks outside and inside ``optimizer.step``."""
         torch = _torch()
         batches = self.spec.batches(batch)
         _release(torch, device)
-        torch.cuda.reset_peak_memory_stats(device)
-        self._run_steps(model, optimizer, device, precision, batches, 2)
-        torch.cuda.synchronize(device)
         # Peak *allocated*, not reserved: near the budget the caching allocator frees its cache
         # and retries, so what must fit is the live memory (reserved overstates it by ~50 %).
-        return int(torch.cuda.max_memory_allocated(device))
+        with PeaksAroundOptimizerStep(
+                optimizer, read_peak=lambda: int(torch.cuda.max_memory_allocated(device)),
+                reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device)) as peaks:
+            self._run_steps(model, optimizer, device, precision, batches, 2)
+            torch.cuda.synchronize(device)
+        return peaks.result()
 
 
 def _detached(value: Any) -> Any:
@@ -295,6 +343,13 @@ def _release(torch: Any, device: Any) -> None:
 def _settled_allocated(torch: Any, device: Any) -> int:
     _release(torch, device)
     return int(torch.cuda.memory_allocated(device))
+
+
+def _settled_reserved(torch: Any, device: Any) -> int:
+    """What the allocator holds once the unreachable is collected and its cache emptied: the
+    live tensors and the segments they pin."""
+    _release(torch, device)
+    return int(torch.cuda.memory_reserved(device))
 
 
 def memory_budget(device: Any) -> int:

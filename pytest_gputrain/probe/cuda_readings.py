@@ -1,8 +1,8 @@
 """What the run probe reads of torch's CUDA state: allocator counters, the device's memory
 budget, the backend flags and autocast (plain reads with no probe state; callers guard them); and
 ``CallReadings``, what the test's own calls into torch that the probe wraps tell (empty_cache,
-reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale) with the allocator's
-out-of-memory moments."""
+reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale, gradient clipping) with the
+allocator's out-of-memory moments."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pytest_gputrain.probe.run_record import MAX_OOM_MOMENTS, OomMoment
+from pytest_gputrain.probe.run_record import MAX_OOM_MOMENTS, REQUEST_KEYS, Forwards, OomMoment
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
@@ -130,6 +130,39 @@ def autocast_check(torch: Any) -> Callable[[], bool]:
     return functools.partial(torch.is_autocast_enabled, "cuda")
 
 
+# Devices whose autocast a test may open instead of CUDA's (torch.autocast(device_type, ...)).
+OTHER_AUTOCAST_DEVICES = ("cpu", "xpu", "mps", "hpu", "mtia")
+
+
+def any_autocast_check(torch: Any) -> Callable[[], bool]:
+    """A call that tells whether autocast is on for any device (one C call); False where this
+    torch cannot say."""
+    check = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return check if callable(check) else (lambda: False)
+
+
+def other_autocast_devices(torch: Any) -> list[str]:
+    """The devices other than CUDA whose autocast is on now (read only where some autocast is
+    on and CUDA's is not: a forward of a test that opened the wrong device's context)."""
+    found = []
+    for device in OTHER_AUTOCAST_DEVICES:
+        try:
+            if torch.is_autocast_enabled(device):
+                found.append(device)
+        except Exception:  # a device type this torch does not know, or torch < 2.4
+            if device == "cpu" and getattr(torch, "is_autocast_cpu_enabled", lambda: False)():
+                found.append(device)
+    return found
+
+
+def note_other_autocast(torch: Any, forwards: Forwards) -> None:
+    """A top-level forward under another device's autocast only: counted, with the devices."""
+    forwards.autocast_other += 1
+    for device in other_autocast_devices(torch):
+        if device not in forwards.autocast_other_devices:
+            forwards.autocast_other_devices.append(device)
+
+
 def autocast_dtype(torch: Any) -> Callable[[], Any]:
     """A call that tells the dtype CUDA autocast casts to (``get_autocast_dtype("cuda")``,
     torch >= 2.4; ``get_autocast_gpu_dtype()`` before)."""
@@ -144,12 +177,13 @@ DEVICE_CALL_KEYS = ("num_device_alloc", "num_device_free")
 
 
 def device_calls(torch: Any, index: int) -> dict[str, int] | None:
-    """The caching allocator's cudaMalloc / cudaFree call counters (None where this torch or
-    allocator backend has none, e.g. cudaMallocAsync)."""
+    """The caching allocator's cudaMalloc / cudaFree call counters, and the allocations and
+    frees it served where this torch counts them (None where this torch or allocator backend
+    has no cudaMalloc counters, e.g. cudaMallocAsync)."""
     stats = torch.cuda.memory_stats(index)
     if not all(key in stats for key in DEVICE_CALL_KEYS):
         return None
-    return {key: int(stats[key]) for key in DEVICE_CALL_KEYS}
+    return {key: int(stats[key]) for key in DEVICE_CALL_KEYS + REQUEST_KEYS if key in stats}
 
 
 class CallReadings:
@@ -229,12 +263,27 @@ class CallReadings:
         if getattr(scaler, "_enabled", True):
             self.record.optimizer.scaler_scales += 1
 
+    def on_clip(self, kind: str, limit: Any) -> None:
+        """``torch.nn.utils.clip_grad_norm_`` (kind "norm") or ``clip_grad_value_`` ("value")
+        with its ``max_norm`` / ``clip_value`` (through ``wrap_before``)."""
+        readings = self.record.optimizer
+        readings.clip_calls += 1
+        if kind not in readings.clip_kinds:
+            readings.clip_kinds.append(kind)
+        if isinstance(limit, int | float):
+            readings.clip_limit = float(limit)
+
     def on_oom(self, device: int, requested: int, limit: int, free: int) -> None:
         """The allocator's out-of-memory observer (``oom_observer.py``), at the failure itself:
-        on the failing thread, before the test's ``finally:`` blocks run. Reads NVML only."""
+        on the failing thread, before the test's ``finally:`` blocks run. Reads the allocator's
+        bytes (its lock is released before the observers are called) and NVML's processes."""
         record = self.record
         moment = OomMoment(t=time.perf_counter(), step=len(record.steps.times),
                            device_index=device, requested=requested, limit=limit, free=free)
+        try:
+            moment.allocated, moment.reserved = memory_reader(self.torch, device)()
+        except Exception as exc:
+            record.errors.append(f"the allocator at the out-of-memory error: {exc}")
         try:
             from pytest_gputrain.collect import nvml
             from pytest_gputrain.probe.failures import read_other_processes

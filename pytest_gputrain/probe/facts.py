@@ -27,8 +27,9 @@ from pytest_gputrain.facts import (
     session_namespace,
 )
 from pytest_gputrain.probe.failure_facts import FailureFacts
+from pytest_gputrain.probe.habit_facts import CompileFacts, DdpFacts, OptimizerFacts
 from pytest_gputrain.probe.host_facts import HostFacts
-from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, LossFacts
+from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, GradFacts, LossFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
 from pytest_gputrain.probe.update_facts import UpdateFacts
 from pytest_gputrain.probe.warning_facts import WarningFacts
@@ -179,17 +180,32 @@ class MemoryFacts(FactGroup):
         doc="cudaFree calls by the caching allocator after warm-up, not made by empty_cache()")
     device_allocs_per_step: float | None = fact(
         doc="device_allocs_steady per optimizer step after warm-up")
+    allocator_calls_per_step: float | None = fact(
+        doc="allocations and frees the caching allocator served per optimizer step after "
+            "warm-up (memory_stats allocation.all.allocated + allocation.all.freed): each "
+            "records a stack trace while its history is recorded")
 
 
 class SyncFacts(FactGroup):
-    """Host-device synchronisations the Python code asked for (item, cpu, tolist, ...)."""
+    """Host-device synchronisations the Python code asked for (item, cpu, tolist, ...,
+    torch.cuda.synchronize), by kind and call site (``collect/sync_calls.py``)."""
 
     method: str = fact(doc="how syncs were counted", default="python-wrappers")
-    total: int = fact(doc="syncing calls on CUDA tensors during the test", default=0)
+    total: int = fact(doc="syncing calls during the test: read-backs of CUDA tensors and "
+                          "explicit waits (torch.cuda.synchronize, Stream/Event.synchronize)",
+                      default=0)
     per_step: float | None = fact(doc="median syncing calls per steady step")
     max_per_step: int | None = fact(doc="most syncing calls in one step")
-    by_call: list[str] = Field(default_factory=list,
-                               description="count per call, most frequent first ('item: 200')")
+    by_call: list[str] = Field(
+        default_factory=list, description="count per kind of call, most frequent first "
+        "('Tensor.item: 200', 'torch.cuda.synchronize: 400')")
+    kinds: list[str] = Field(
+        default_factory=list, description="the kinds of syncing call seen, most frequent "
+        "first ('Tensor.item', 'torch.cuda.synchronize', 'Event.synchronize', ...)")
+    by_site: list[str] = Field(
+        default_factory=list, description="count per call site (the first caller outside torch), "
+        "most frequent first, at most 8 ('torch.cuda.synchronize at test_train.py:42 in "
+        "train_step: 400')")
     profiled_per_step: float | None = fact(
         doc="stream/device/event synchronizations per step seen by the profiler window")
     profiled_readbacks_per_step: float | None = fact(
@@ -357,76 +373,6 @@ class NvmlRunFacts(FactGroup):
     power_limit_default: float | None = fact("W", "the board's default power limit")
 
 
-class CompileFacts(FactGroup):
-    """torch.compile during the test: dynamo's counters (``torch._dynamo.utils.counters``) read
-    at the start, after the warm-up steps and at the end, and the compiles per step."""
-
-    used: bool | None = fact(doc="a compiled module was called or dynamo compiled a frame")
-    compiled_calls: int | None = fact(doc="top-level calls of compiled modules (OptimizedModule)")
-    frames_compiled: int | None = fact(doc="frames dynamo tried to compile during the test")
-    frames_after_warmup: int | None = fact(doc="of those, frames tried after the warm-up steps")
-    frames_failed: int | None = fact(
-        doc="frames that failed to compile and ran eagerly (frames total - ok)")
-    compiles: int | None = fact(doc="compilations started during the test (dynamo callbacks)")
-    steps_with_compile: int | None = fact(doc="optimizer steps after warm-up in which a "
-                                              "compilation started")
-    recompile_steps_percent: float | None = fact(
-        "%", "steps_with_compile / optimizer steps after warm-up")
-    recompile_limit_hits: int | None = fact(
-        doc="frames that hit the recompile limit (recompile_limit, formerly cache_size_limit) "
-            "and now run eagerly")
-    recompile_reasons: list[str] = Field(
-        default_factory=list, description="guard failures that caused recompiles (first line, "
-                                          "at most 5 distinct)")
-    unique_graphs: int | None = fact(doc="graphs compiled during the test")
-    graph_breaks: int | None = fact(doc="graph breaks during the test")
-    graph_break_reasons: list[str] = Field(
-        default_factory=list, description="graph break reasons, most frequent first (first "
-                                          "line, at most 5)")
-    suppress_errors: bool | None = fact(
-        doc="torch._dynamo.config.suppress_errors was on while the test trained")
-    compile_time: float | None = fact("s", "time dynamo spent compiling frames")
-    wraps_ddp: bool | None = fact(
-        doc="a compiled module wraps DistributedDataParallel or FullyShardedDataParallel")
-    wrapped_modules: list[str] = Field(
-        default_factory=list, description="class names of the modules torch.compile wrapped")
-
-
-class OptimizerFacts(FactGroup):
-    """The main optimizer: its implementation, the host time of its step, and zero_grad."""
-
-    name: str | None = fact(doc="class of the main optimizer")
-    foreach: bool | None = fact(
-        doc="foreach as configured (None: torch's default, multi-tensor on CUDA)")
-    fused: bool | None = fact(doc="fused as configured")
-    param_tensors: int | None = fact(doc="parameter tensors the optimizer updates")
-    step_host_time: float | None = fact("s", "median host time of optimizer.step() (steady)")
-    step_host_percent: float | None = fact("%", "step_host_time / run.step_time")
-    zero_grad_calls: int = fact(doc="Optimizer.zero_grad / Module.zero_grad calls", default=0)
-    zero_grad_to_zeros: int = fact(
-        doc="of those, calls with set_to_none=False (gradients filled with zeros)", default=0)
-
-
-class DdpFacts(FactGroup):
-    """DistributedDataParallel modules trained in the test (top-level forwards of a DDP
-    module, and DDP's own logging data)."""
-
-    used: bool | None = fact(doc="a DistributedDataParallel module ran a forward")
-    world_size: int | None = fact(doc="processes in the DDP module's process group")
-    forwards_per_step: float | None = fact(
-        doc="median grad-mode DDP forwards per optimizer step (steady)")
-    synced_forwards_per_step: float | None = fact(
-        doc="median of those whose backward all-reduces (require_backward_grad_sync: not "
-            "inside no_sync())")
-    find_unused_parameters: bool | None = fact(doc="DDP(find_unused_parameters=True)")
-    unused_parameter_size: int | None = fact(
-        "bytes", "parameters DDP found unused in the last sampled iteration")
-    logged_iteration: int | None = fact(doc="DDP iteration of the logging data read")
-    comm_time: float | None = fact("s", "DDP's average backward communication time")
-    comm_overlap_time: float | None = fact(
-        "s", "DDP's average backward computation overlapped with communication")
-
-
 class ForwardRecord(BaseModel):
     """The last top-level forward before a failure (or the end of the test)."""
 
@@ -466,6 +412,13 @@ class RunFacts(FactGroup):
     grad_forwards: int = fact(doc="top-level forwards under grad mode", default=0)
     no_grad_forwards: int = fact(doc="top-level forwards under no_grad/inference_mode", default=0)
     autocast_forwards: int = fact(doc="top-level forwards inside CUDA autocast", default=0)
+    autocast_other_forwards: int = fact(
+        doc="top-level forwards under autocast for another device only, CUDA's off "
+            "(torch.autocast(\"cpu\", ...) around a CUDA model: it casts nothing on the GPU)",
+        default=0)
+    autocast_other_devices: list[str] = Field(
+        default_factory=list, description="the devices whose autocast those forwards ran under "
+                                          "(cpu, xpu, mps, ...)")
     backwards: int = fact(doc="torch.autograd.backward calls", default=0)
     forwards_without_backward: int | None = fact(
         doc="grad-mode forwards of top-level modules with parameters (models) whose autograd "
@@ -511,6 +464,9 @@ class RunFacts(FactGroup):
     anomaly_detection: bool | None = fact(
         doc="autograd anomaly detection in force while training (read at steps)")
     anomaly_backwards: int = fact(doc="backward passes run under anomaly detection", default=0)
+    anomaly_slowdown: float | None = fact(
+        doc="median steady step with a backward under anomaly detection / median steady step "
+            "without (measured where the test has at least 3 of each)")
     settings_reads: int = fact(doc="times the settings were read at step boundaries", default=0)
     settings_changes: list[str] = Field(
         default_factory=list,
@@ -519,6 +475,36 @@ class RunFacts(FactGroup):
         doc="steps run while a profiler of the test's own recorded (torch.profiler, "
             "emit_nvtx), outside the probe's window", default=0)
     user_profiler_percent: float | None = fact("%", "user_profiler_steps / steps")
+    user_profiler_kinds: list[str] = Field(
+        default_factory=list, description="the kinds of those profilers (torch.profiler, "
+        "emit_nvtx, torch.autograd.profiler (legacy), emit_itt)")
+    user_profiler_slowdown: float | None = fact(
+        doc="median steady step while the test's profiler recorded / median steady step "
+            "without it (measured where the test has at least 3 of each)")
+    user_profiler_setup_time: float | None = fact(
+        "s", "time inside the start(), stop() and step() of the test's torch.profiler.profile: "
+             "setting up kineto and CUPTI, and processing every recorded event")
+    user_profiler_setup_percent: float | None = fact(
+        "%", "user_profiler_setup_time / the test's duration")
+    memory_history: bool | None = fact(
+        doc="the CUDA caching allocator recorded its history while training "
+            "(torch.cuda.memory._record_memory_history: a stack trace at every allocation and "
+            "free; read at steps)")
+    sync_debug_mode: str | None = fact(
+        doc="torch.cuda.set_sync_debug_mode in force while training: off, warn (a warning at "
+            "every synchronising call) or error (read at steps)")
+    compile_logs: str | None = fact(
+        doc="verbose torch.compile logging in force while training: DEBUG levels of the "
+            "compiler's loggers and artifacts that print graphs or code (torch._logging."
+            "set_logs, TORCH_LOGS), e.g. 'dynamo=DEBUG, output_code'; '' for none")
+    instrument_slowdown: float | None = fact(
+        doc="median steady step with allocator history recording or the sync debug mode on / "
+            "median steady step with both off (measured where the test turned one on or off "
+            "while training, with at least 3 steps of each)")
+    instruments: list[str] = Field(
+        default_factory=list, description="the debugging instruments on while training, each "
+        "with the call that turns it on (allocator history recording, the sync debug mode, "
+        "verbose compile logging)")
     gradcheck_calls: int = fact(
         doc="torch.autograd.gradcheck/gradgradcheck calls after the first optimizer step",
         default=0)
@@ -546,6 +532,7 @@ class RunFacts(FactGroup):
     checkpoint: CheckpointFacts = Field(default_factory=CheckpointFacts)
     loss: LossFacts = Field(default_factory=LossFacts)
     amp: AmpFacts = Field(default_factory=AmpFacts)
+    grads: GradFacts = Field(default_factory=GradFacts)
     host: HostFacts = Field(default_factory=HostFacts)
     warnings: WarningFacts = Field(default_factory=WarningFacts)
     updates: UpdateFacts = Field(default_factory=UpdateFacts)

@@ -9,8 +9,9 @@ reads the loss back every step).
 
 Two readings, both off the per-step path: the framework that drives the run is read once, at
 the main optimizer's first step (``driving_framework``); the framework that asked for a sync is
-read at each sync on a CUDA tensor (``caller_framework``), which already costs the host tens of
-microseconds while the GPU drains: a few frame reads do not show beside it.
+the package of the sync's call site (``package_framework`` of the first caller outside torch,
+found by ``collect/sync_calls.py`` at each sync, which already costs the host tens of
+microseconds while the GPU drains: a few frame reads do not show beside it).
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ PACKAGES: Final = {
 # it is the one whose settings the user writes.
 PRECEDENCE: Final = ("transformers", "lightning", "accelerate")
 PLAIN: Final = "pytorch"  # no framework on the stack: the test's own loop
-# Frames of torch itself are passed over: a sync asked for inside torch (a clip_grad_norm_
-# that checks for non-finite norms) belongs to whoever called torch.
-_SKIPPED: Final = ("torch",)
-MAX_CALLER_FRAMES: Final = 8
+# Each framework as a rule's documentation names it (``explain`` shows a fix's case for it as
+# "Under Lightning: ..."), and the facts that hold a framework's name.
+READER_NAMES: Final = {"lightning": "Lightning", "transformers": "the Hugging Face Trainer",
+                       "accelerate": "accelerate"}
+FRAMEWORK_FACTS: Final = ("run.framework", "run.sync.framework")
+
+
+def case_label(subject: str, value: object) -> str | None:
+    """The label of a fix's case chosen by a framework fact (``engine.expr.CaseLabel``):
+    "Under the Hugging Face Trainer"; None for any other case."""
+    if subject in FRAMEWORK_FACTS and isinstance(value, str) and value in READER_NAMES:
+        return f"Under {READER_NAMES[value]}"
+    return None
 
 
 def package_framework(module: object) -> str | None:
@@ -41,19 +51,6 @@ def package_framework(module: object) -> str | None:
     if not isinstance(module, str):
         return None
     return PACKAGES.get(module.partition(".")[0])
-
-
-def caller_framework(frame: FrameType | None) -> str | None:
-    """The framework of the first caller outside torch, starting at ``frame``: the code that
-    asked for a sync. None for the test's own code (or a frame chain too deep to tell)."""
-    for _ in range(MAX_CALLER_FRAMES):
-        if frame is None:
-            return None
-        module = frame.f_globals.get("__name__")
-        if not (isinstance(module, str) and module.partition(".")[0] in _SKIPPED):
-            return package_framework(module)
-        frame = frame.f_back
-    return None
 
 
 def driving_framework(frame: FrameType | None) -> str:

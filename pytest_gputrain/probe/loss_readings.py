@@ -3,14 +3,16 @@
 Per backward (hot path): the device of the loss, one attribute read (GT143: a loss computed on
 the CPU while the model trains on the GPU).
 
-Whether the loss stayed finite (GT142), without a sync per step: every ``check_every``-th
-backward (the first one included) queues ``torch.isfinite`` of the loss on the loss's own device
-and writes the result into the next slot of ``flags``, a bool tensor of ``MAX_CHECKS`` slots
-allocated once at the first check on that device, so the checks add no allocation the memory
-facts would see after it (their temporaries are freed within the step). Nothing is read back
-while the test trains. The last loss is kept (a reference, no copy) and checked when the test
-ends. When the slots fill, every second check is dropped and ``check_every`` doubles, so a long
-run pays a few small kernels per doubling of its length and its checks stay evenly spaced. At
+Whether the loss stayed finite (GT142) and how it moved (GT146: a loss that grows by orders of
+magnitude without ever becoming NaN), without a sync per step: every ``check_every``-th
+backward (the first one included) queues ``torch.isfinite`` of the loss and a copy of its value
+on the loss's own device, into the next column of ``slots``, a float tensor of 2 x
+``MAX_CHECKS`` (row 0: finite, row 1: the value) allocated once at the first check on that
+device, so the checks add no allocation the memory facts would see after it (their temporaries
+are freed within the step). Nothing is read back while the test trains. The last loss is kept
+(a reference, no copy) and checked when the test ends. When the slots fill, every second check
+is dropped and ``check_every`` doubles, so a long run pays a few small kernels per doubling of
+its length and its checks stay evenly spaced. At
 the end (``read_end``, after the hooks are gone) the slots are read back in one copy: one sync,
 after training. A loss on another device than the first checked one is not checked (moving the
 result would sync); no check is queued while a CUDA graph is being captured (it would join the
@@ -74,17 +76,22 @@ class LossWatch:
         readings = self.readings
         if loss.is_cuda and self._capturing():
             return
-        flags = readings.flags
-        if flags is None:
-            flags = readings.flags = torch.ones(MAX_CHECKS, dtype=torch.bool, device=loss.device)
-        elif flags.device != loss.device:
+        slots = readings.slots
+        if slots is None:
+            slots = readings.slots = torch.ones(2, MAX_CHECKS, dtype=torch.float32,
+                                                device=loss.device)
+        elif slots.device != loss.device:
             return
-        finite = torch.isfinite(loss.detach())
+        detached = loss.detach()
+        finite = torch.isfinite(detached)
         steps = readings.checked_steps
-        flags[len(steps)] = finite.all() if finite.dim() else finite
+        column = len(steps)
+        slots[0, column] = finite.all() if finite.dim() else finite
+        # The value of a scalar loss (a loss of many elements: their mean), as float32.
+        slots[1, column] = detached if detached.dim() == 0 else detached.float().mean()
         steps.append(step)
         if len(steps) == MAX_CHECKS:  # keep every second check, evenly spaced
-            flags[:MAX_CHECKS // 2] = flags[0::2].clone()
+            slots[:, :MAX_CHECKS // 2] = slots[:, 0::2].clone()
             del steps[1::2]
             readings.check_every *= 2
 
@@ -94,7 +101,7 @@ class LossWatch:
         readings = self.readings
         last, readings.last = readings.last, None
         try:
-            if readings.flags is not None and readings.flags.device.type != "cpu" \
+            if readings.slots is not None and readings.slots.device.type != "cpu" \
                     and not cuda_ok:
                 readings.unread = "the CUDA context was unusable when the test ended"
                 return
@@ -102,13 +109,15 @@ class LossWatch:
             if last is not None and not self.probe.disabled and (cuda_ok or not last.is_cuda) \
                     and (not checked or checked[-1] != readings.last_step):
                 self._check(last, readings.last_step)
-            steps, flags = readings.checked_steps, readings.flags
-            if flags is not None and steps:
-                values = flags[:len(steps)].tolist()
-                readings.finite = [(step, bool(value)) for step, value in zip(
-                    steps, values, strict=True)]
+            steps, slots = readings.checked_steps, readings.slots
+            if slots is not None and steps:
+                finite, values = slots[:, :len(steps)].tolist()  # one copy, after training
+                readings.finite = [(step, bool(flag)) for step, flag in zip(
+                    steps, finite, strict=True)]
+                readings.values = [(step, float(value)) for step, value, flag in zip(
+                    steps, values, finite, strict=True) if flag]
         except Exception as exc:
             readings.unread = f"reading the loss checks: {type(exc).__name__}: {exc}"
         finally:
-            readings.flags = None
+            readings.slots = None
             readings.checked_steps = []

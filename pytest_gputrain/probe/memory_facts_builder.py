@@ -14,7 +14,7 @@ from typing import Any
 from pytest_gputrain.probe import settings_timeline as settings_reads
 from pytest_gputrain.probe.facts import MemoryFacts
 from pytest_gputrain.probe.memory_peaks import own_peaks
-from pytest_gputrain.probe.run_record import RunRecord
+from pytest_gputrain.probe.run_record import REQUEST_KEYS, RunRecord
 
 
 def memory_facts(record: RunRecord, expandable_segments: bool, batch: int | None) -> MemoryFacts:
@@ -174,3 +174,8 @@ def _churn(facts: MemoryFacts, record: RunRecord) -> None:
     facts.device_allocs_steady = max(0, allocs)
     facts.device_frees_steady = max(0, frees)
     facts.device_allocs_per_step = round(max(0, allocs) / after, 3)
+    if all(key in cache.mark and key in cache.end for key in REQUEST_KEYS):
+        served = sum(cache.end[key] - cache.mark[key] for key in REQUEST_KEYS)
+        facts.allocator_calls_per_step = round(max(0, served) / after, 2)
+    else:
+        facts.unknown["allocator_calls_per_step"] = "this torch does not count allocations"

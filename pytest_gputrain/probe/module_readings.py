@@ -9,13 +9,14 @@ optimizers the probe meets.
   wrapped module's ``training`` flag is the one ``model.eval()`` sets.
 - DDP's own logging data (``DistributedDataParallel._get_ddp_logging_data()``): whether
   ``find_unused_parameters`` is on and how many bytes of parameters it found unused.
-- The optimizer's configured implementation (``foreach`` / ``fused`` in its defaults).
 
 Classes are recognised by name where importing them would pull in torch.distributed.
 
-Per top-level forward (hot path): grad mode, autocast (and its dtype, under autocast) and the
-device of the first input; per model forward a look at its output's autograd node (below);
-nothing for a module without mode layers that is not DDP, else a few attribute reads.
+Per top-level forward (hot path): grad mode, autocast (and its dtype, under autocast; and, where
+CUDA's autocast is off, whether another device's is on: ``torch.autocast("cpu")`` around a CUDA
+model) and the device of the first input; per model forward a look at its output's autograd
+node (below); nothing for a module without mode layers that is not DDP, else a few attribute
+reads.
 
 Forwards without a backward: a grad-mode forward of a model (a top-level module with parameters)
 is *watched* by a hook on its output's autograd node, which a backward through its graph calls.
@@ -38,7 +39,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe import oom_observer
-from pytest_gputrain.probe.cuda_readings import autocast_check, autocast_dtype
+from pytest_gputrain.probe.cuda_readings import (
+    any_autocast_check,
+    autocast_check,
+    autocast_dtype,
+    note_other_autocast,
+)
 from pytest_gputrain.probe.layer_scan import scan_layers
 from pytest_gputrain.probe.loader import first_tensor, token_count
 from pytest_gputrain.probe.run_record import (
@@ -148,16 +154,6 @@ def ddp_logging(ddp: Any) -> dict[str, Any]:
     keys = ("find_unused_parameters", "unused_parameter_size", "iteration", "world_size",
             "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time")
     return {key: data[key] for key in keys if key in data}
-
-
-def optimizer_setup(optimizer: Any) -> tuple[bool | None, bool | None, int]:
-    """(foreach, fused) as configured (None: torch's default) and the parameter tensors."""
-    defaults = getattr(optimizer, "defaults", None) or {}
-    foreach = defaults.get("foreach")
-    fused = defaults.get("fused")
-    tensors = sum(len(group.get("params", ())) for group in optimizer.param_groups)
-    return (bool(foreach) if foreach is not None else None,
-            bool(fused) if fused is not None else None, tensors)
 
 
 def is_evaluation(checks: ModuleChecks, state: ModuleState) -> bool:
@@ -326,6 +322,7 @@ class ModuleWatch:
         self._grad_enabled = torch.is_grad_enabled
         self._inference_mode = torch.is_inference_mode_enabled
         self._autocast = autocast_check(torch)
+        self._any_autocast = any_autocast_check(torch)
         self._autocast_dtype = autocast_dtype(torch)
         self._float16 = torch.float16
         self._anomaly_enabled = torch.is_anomaly_enabled
@@ -381,8 +378,8 @@ class ModuleWatch:
         try:
             record = self.record
             record.forwards.backwards += 1
-            if self._anomaly_enabled():
-                record.settings.anomaly_backwards += 1
+            if self._anomaly_enabled():  # the step of each backward under anomaly detection
+                record.settings.anomaly_steps.append(len(record.steps.times))
             self.in_backward += 1
             self.active = None
             self.install.disarm()
@@ -444,6 +441,8 @@ class ModuleWatch:
             forwards.autocast += 1
             if grad and self._autocast_dtype() is self._float16:
                 forwards.autocast_fp16 += 1  # fp16 needs loss scaling (GT141); bf16 does not
+        elif self._any_autocast():  # another device's autocast only: torch.autocast("cpu")
+            note_other_autocast(self.torch, forwards)
         if getattr(module, "training", False):
             state.training_calls += 1
         checks = state.checks

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_gputrain.options import read
+from pytest_gputrain.options import read, usage_error
 from pytest_gputrain.probe.options import DEFAULT_PROFILE_STEPS
 
 
@@ -41,9 +41,9 @@ def parse_profile_steps(text: str | None) -> tuple[int, int] | None:
 def read_probe_settings(config: pytest.Config) -> ProbeSettings:
     probe = str(read(config, "gpu_probe") or "on").strip().lower()
     if probe not in ("on", "off", "true", "false", "1", "0", "yes", "no"):
-        raise pytest.UsageError(f"gpu_probe / --gpu-probe: {probe!r} must be on or off")
+        raise usage_error(config, "gpu_probe", f"{probe!r} must be on or off")
     try:
         steps = parse_profile_steps(read(config, "gpu_profile_steps"))
     except ValueError as exc:
-        raise pytest.UsageError(f"gpu_profile_steps / --gpu-profile-steps: {exc}") from None
+        raise usage_error(config, "gpu_profile_steps", str(exc)) from None
     return ProbeSettings(enabled=probe in ("on", "true", "1", "yes"), profile_steps=steps)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,15 +57,17 @@ from pytest_gputrain.probe.cuda_readings import (
 )
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
+from pytest_gputrain.probe.gradient_readings import check_at_end, read_gradients
 from pytest_gputrain.probe.host_stacks import HostWatch
+from pytest_gputrain.probe.instrument_readings import note_user_profiler, profiler_kind_reader
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
 from pytest_gputrain.probe.loss_readings import LossWatch
 from pytest_gputrain.probe.module_readings import (
     ModuleWatch,
-    optimizer_setup,
     read_last_ddp_logging,
 )
 from pytest_gputrain.probe.nvml_timeline import NvmlTimelineReader
+from pytest_gputrain.probe.optimizer_readings import largest_lr, optimizer_setup
 from pytest_gputrain.probe.profiler_window import WindowSteering
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
@@ -94,8 +97,7 @@ class RunProbe:
             nodeid=nodeid, warmup=warmup, profile_steps=profile_steps, started=now,
             steps=StepSeries(last_t=now),
             loader=LoaderWaits(LoaderTracker(cuda_initialized=self._cuda_initialized)))
-        self.disabled = False
-        self.closed = False
+        self.disabled = self.closed = False
         self.install = Installation(torch, self)
         # The readers, one per job.
         self.modules = ModuleWatch(torch, self, self.install)
@@ -118,13 +120,15 @@ class RunProbe:
         self.on_empty_cache_end = self.calls.on_empty_cache_end
         self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
         self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
+        self.on_clip = self.calls.on_clip
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
-        # allocated and reserved bytes; set at the first step on CUDA
+        # (allocated, reserved bytes) and the memory fraction: set at the first step on CUDA
         self._read_memory: Callable[[], tuple[int, int]] | None = None
-        self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
+        self._read_fraction: Callable[[], float] | None = None
         self._profiler_enabled = _profiler_probe(torch)
+        self._profiler_kind = profiler_kind_reader(torch)
         # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
         # over, the allocator's cudaMalloc/cudaFree counters once the profiler window is too.
         self.record.cache.mark_step = max(warmup, self.window.last_step) + 1
@@ -175,9 +179,8 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
-            self.host.start(self.install.patches)
-            self.warnings.start(self.install.patches)
-            self.updates.start(self.install.patches)
+            for reader in (self.host, self.warnings, self.updates):
+                reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())
@@ -200,10 +203,13 @@ class RunProbe:
         self.modules.remove_hooks()
         self.window.stop(len(record.steps.times), cuda_ok=cuda_ok)
         self.modules.count_graph_outputs()
+        if record.grads.read_at is None and record.steps.times:
+            read_gradients(record)  # a short test: what the last step left
+        check_at_end(record)
         self.compile.read_end()
         self.calls.read_end(cuda_ok)
         self.loss.read_end(cuda_ok)
-        self.updates.stop(cuda_ok)
+        self.updates.stop(cuda_ok)  # reads the main optimizer's learning rate at the end
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index
@@ -232,7 +238,7 @@ class RunProbe:
         return builder.build_run_facts(record, process)
 
     def failure_context(self) -> dict[str, Any]:
-        """What the probe saw up to a failure, for ``failures.build_failure``."""
+        """What the probe saw up to a failure (``failure_context``)."""
         return failure_context(self.record)
 
     def fail(self, where: str, exc: BaseException) -> None:
@@ -259,10 +265,10 @@ class RunProbe:
                 if optimizers.primary is not None:  # another optimizer: named, not timed
                     if id(optimizer) not in optimizers.ids:
                         optimizers.ids.add(id(optimizer))
+                        optimizers.refs.append(weakref.ref(optimizer))
                         optimizers.names.append(type(optimizer).__name__)
                     return
                 index = adopt_optimizer(self.torch, self.record, optimizer)
-                self.updates.first_step(optimizer)
                 if index is not None:
                     self._setup_cuda(index)
             count = self._record_step(_perf())
@@ -324,7 +330,7 @@ class RunProbe:
             steps.add_allocated(*read_memory())
         in_window = steps.in_window
         if not in_window and self._profiler_enabled():
-            record.settings.user_profiler_steps += 1
+            note_user_profiler(record.settings, count - 1, self._profiler_kind)
         if count <= 2 or in_window or count % _SETTINGS_EVERY == 0:
             self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
@@ -342,6 +348,8 @@ class RunProbe:
 
     def _milestone(self, count: int) -> None:
         record = self.record
+        if count == self._milestones[0]:  # the warm-up's end: the backward filled .grad
+            read_gradients(record)
         if count == record.warmup:
             self.compile.read_warm()
         if count == record.cache.mark_step:
@@ -414,10 +422,12 @@ def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None
     optimizers, devices = record.optimizers, record.devices
     optimizers.primary = optimizer
     optimizers.ids.add(id(optimizer))
+    optimizers.refs.append(weakref.ref(optimizer))
     optimizers.names.append(type(optimizer).__name__)
     readings = record.optimizer
     readings.name = type(optimizer).__name__
     readings.foreach, readings.fused, readings.param_tensors = optimizer_setup(optimizer)
+    readings.lr_first = largest_lr(optimizer)
     record.framework = driving_framework(sys._getframe())
     first = None
     for group in optimizer.param_groups:

@@ -36,6 +36,8 @@ from pytest_gputrain.probe.habit_facts_builder import (
     checkpoint_facts,
     compile_facts,
     ddp_facts,
+    grad_facts,
+    instrument_facts,
     loss_facts,
     mode_and_cache_facts,
     optimizer_facts,
@@ -46,11 +48,10 @@ from pytest_gputrain.probe.memory_facts_builder import memory_facts
 from pytest_gputrain.probe.run_record import (
     Forwards,
     ModuleState,
-    NvmlTimeline,
     RunRecord,
     StepFlag,
 )
-from pytest_gputrain.probe.timeline_facts_builder import timeline_facts
+from pytest_gputrain.probe.timeline_facts_builder import no_samples_reason, timeline_facts
 from pytest_gputrain.probe.update_facts_builder import update_facts
 from pytest_gputrain.probe.warning_facts_builder import warning_facts
 from pytest_gputrain.probe.window_facts_builder import (
@@ -108,6 +109,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.grad_forwards = forwards.grad
     run.no_grad_forwards = forwards.no_grad
     run.autocast_forwards = forwards.autocast
+    run.autocast_other_forwards = forwards.autocast_other
+    run.autocast_other_devices = list(forwards.autocast_other_devices)
     run.backwards = forwards.backwards
     run.forwards_without_backward = forwards.without_backward
     run.param_devices = list(devices.param_devices)
@@ -140,7 +143,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.host = host_facts(record, steady, [number - 1 for number in run.stalls.step_numbers])
     run.warnings = warning_facts(record)
     run.updates = update_facts(record)
-    run.nvml = _nvml_facts(record.nvml)
+    run.nvml = _nvml_facts(record)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)
     run.compile = compile_facts(record)
@@ -149,6 +152,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.checkpoint = checkpoint_facts(record)
     run.loss = loss_facts(record)
     run.amp = amp_facts(record)
+    instrument_facts(run, record, steady)
+    run.grads = grad_facts(record, run.profile.kernel_time_per_step, run.step_time)
     run.probe_errors = list(record.errors)
     return run
 
@@ -166,7 +171,7 @@ def _settings(run: RunFacts, record: RunRecord, process: ProcessReadings) -> Non
             setattr(run, key, value)
     run.settings_reads = timeline.reads
     run.settings_changes = changes
-    run.anomaly_backwards = timeline.anomaly_backwards
+    run.anomaly_backwards = len(timeline.anomaly_steps)
     run.gradcheck_calls = timeline.gradcheck_calls
     run.user_profiler_steps = timeline.user_profiler_steps
     if record.steps.times:
@@ -357,17 +362,17 @@ def _layer_facts(forwards: Forwards) -> LayerFacts:
     return facts
 
 
-def _nvml_facts(timeline: NvmlTimeline) -> NvmlRunFacts:
+def _nvml_facts(record: RunRecord) -> NvmlRunFacts:
     from pytest_gputrain.collect.sampler import summarise
 
+    timeline = record.nvml
     facts = NvmlRunFacts(index=timeline.index)
     facts.power_limit = timeline.power_limit
     facts.power_limit_default = timeline.power_limit_default
     samples = timeline.samples
     facts.samples = len(samples)
     if not samples:
-        facts.unknown["utilization_mean"] = (
-            "no NVML timeline (CPU run, NVML unavailable or no sample answered)")
+        facts.unknown["utilization_mean"] = no_samples_reason(record)
         return facts
 
     def stats(metric: str) -> Any:

@@ -15,7 +15,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_gputrain.collect.sync_calls import SyncTally
 from pytest_gputrain.facts import DeviceSample
+from pytest_gputrain.probe.frameworks import package_framework
 from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
 
@@ -83,6 +85,7 @@ class Optimizers:
 
     primary: Any = None  # dropped at stop: the record keeps no model alive
     ids: set[int] = field(default_factory=set)
+    refs: list[Any] = field(default_factory=list)  # weakrefs to each optimizer stepped
     names: list[str] = field(default_factory=list)
     steps: int = 0  # steps of all optimizers
 
@@ -97,18 +100,23 @@ class LoaderWaits:
 
 
 @dataclass(slots=True)
-class SyncCounts:
-    """Host-device syncs asked for from Python on CUDA tensors (``hooks.wrap_sync_method``)."""
+class SyncCounts(SyncTally):
+    """Host-device syncs asked for from Python (``collect/sync_calls.py``: ``pending`` since
+    the last step, ``by_kind``, ``by_site``), and those a framework's own code asked for."""
 
-    pending: int = 0  # since the last step
-    pending_wait: float = 0.0  # seconds the host spent inside them since the last step
-    by_call: dict[str, int] = field(default_factory=dict)
-    # Those whose caller (outside torch) is a framework's code (``frameworks.caller_framework``)
+    # Those whose caller (outside torch) is a framework's code (``frameworks.package_framework``)
     framework_pending: int = 0
-    by_framework: dict[str, int] = field(default_factory=dict)  # 'transformers: __bool__' -> n
+    by_framework: dict[str, int] = field(default_factory=dict)  # 'transformers: Tensor.__bool__'
     # Steps done when torch.compile began and the wrappers were taken out (None: counted to
     # the end); later steps' counts are not the code's syncs.
     stopped_at: int | None = None
+
+    def attribute(self, kind: str, module: object) -> None:
+        framework = package_framework(module)
+        if framework is not None:  # the framework's own habit, not the test's code
+            self.framework_pending += 1
+            key = f"{framework}: {kind}"
+            self.by_framework[key] = self.by_framework.get(key, 0) + 1
 
 
 class WatchMode(enum.Enum):
@@ -209,6 +217,10 @@ class Forwards:
     no_grad: int = 0
     autocast: int = 0
     autocast_fp16: int = 0  # grad-mode forwards under CUDA autocast to float16
+    # Forwards under autocast for another device only (``torch.autocast("cpu", ...)``), by the
+    # devices whose autocast was on: the context a CUDA model needed, opened for the wrong one.
+    autocast_other: int = 0
+    autocast_other_devices: list[str] = field(default_factory=list)
     backwards: int = 0
     # One cell per watched grad-mode forward of a model: True once a backward went through it.
     graph_outputs: list[list[bool]] = field(default_factory=list)
@@ -272,8 +284,12 @@ class SettingsTimeline:
     # (step, settings) whenever the settings differ from the previous read, in step order.
     snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     reads: int = 0
-    anomaly_backwards: int = 0  # backward passes run under anomaly detection
+    # The step index of each backward pass run under anomaly detection.
+    anomaly_steps: list[int] = field(default_factory=list)
     user_profiler_steps: int = 0  # steps with a profiler of the test's own recording
+    user_profiled: list[int] = field(default_factory=list)  # the index of each of those steps
+    user_profiler_kinds: list[str] = field(default_factory=list)  # torch.profiler, emit_nvtx
+    user_profiler_setup_time: float = 0.0  # seconds inside its start() and stop()
     gradcheck_calls: int = 0  # torch.autograd.gradcheck / gradgradcheck after the first step
 
 
@@ -289,6 +305,10 @@ class OomMoment:
     free: int  # device memory free at the failure (all processes)
     other_processes: int | None = None  # memory other processes held (NVML, at the failure)
     other_process_count: int | None = None
+    # The allocator's bytes at the failure: the memory timeline runs up to it, also when the
+    # test failed before the first step's reading.
+    allocated: int | None = None
+    reserved: int | None = None
 
 
 @dataclass(slots=True)
@@ -318,6 +338,16 @@ class OptimizerReadings:
     # the index of the step under way at each zero_grad call (once per step)
     zero_grad_steps: list[int] = field(default_factory=list)
     scaler_scales: int = 0  # GradScaler.scale calls with the scaler enabled (loss scaling)
+    lr_first: float | None = None  # the largest learning rate of its groups at its first step
+    lr_last: float | None = None  # ... when the test ended (a scheduler changes it)
+    clip_calls: int = 0  # torch.nn.utils.clip_grad_norm_ / clip_grad_value_ calls
+    clip_kinds: list[str] = field(default_factory=list)  # "norm", "value"
+    clip_limit: float | None = None  # the last max_norm or clip_value given
+
+
+# The allocations and frees the caching allocator served (memory_stats counters, cached or
+# not), read with its cudaMalloc/cudaFree counters into CacheCalls.mark and end.
+REQUEST_KEYS = ("allocation.all.allocated", "allocation.all.freed")
 
 
 @dataclass(slots=True)
@@ -367,13 +397,15 @@ class LossReadings:
     backwards: int = 0  # torch.autograd.backward calls with a tensor to start from
     cpu: int = 0  # of those, started from a tensor on the CPU
     check_every: int = 8  # check every n-th backward; doubles as the checks fill up
-    # The checks: a bool tensor on the first checked loss's device, allocated once, whose slot
-    # i the GPU fills with "finite" for the i-th check; read at the end. Its steps, by slot:
-    flags: Any = None
+    # The checks: a 2 x MAX_CHECKS float tensor on the first checked loss's device, allocated
+    # once, whose column i the GPU fills with "finite" and the loss's value for the i-th check;
+    # read at the end. Their steps, by column:
+    slots: Any = None
     checked_steps: list[int] = field(default_factory=list)
     last: Any = None  # the last loss (checked at the end; dropped then)
     last_step: int = 0  # index of the step the last loss belonged to
     finite: list[tuple[int, bool]] = field(default_factory=list)  # the checks, read at the end
+    values: list[tuple[int, float]] = field(default_factory=list)  # the finite ones' values
     unread: str | None = None  # why the checks could not be read at the end
 
 
@@ -457,10 +489,29 @@ class UpdateReadings:
 
     schedulers: list[SchedulerStep] = field(default_factory=list)
     checks: list[UpdateCheck] = field(default_factory=list)
-    lr_start: float | None = None  # at the main optimizer's first step
-    lr_end: float | None = None  # when the test ended
     primary: int | None = None  # id() of the main optimizer, kept when the test ends
     unread: str | None = None  # why the checks could not be read
+
+
+@dataclass(slots=True)
+class UnusedGradient:
+    """A parameter that held a gradient no optimizer used, when the gradients were read."""
+
+    ref: Any  # weakref to the parameter until the test ends (re-checked then), then None
+    name: str  # its name in its top-level module (named_parameters)
+    params: int  # elements
+    grad_bytes: int  # bytes of its .grad
+    ahead: bool  # registered before every trained parameter of its module
+
+
+@dataclass(slots=True)
+class GradientReadings:
+    """Parameters with gradients that no optimizer uses (``gradient_readings.py``)."""
+
+    read_at: int | None = None  # optimizer steps done when they were read
+    model_params: int = 0  # elements of the modules an optimizer trains
+    trained_params: int = 0  # of those, held by an optimizer
+    unused: list[UnusedGradient] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -490,6 +541,7 @@ class RunRecord:
     host: HostSamples = field(default_factory=HostSamples)  # host_stacks.HostWatch
     warnings: WarningReadings = field(default_factory=WarningReadings)
     updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
+    grads: GradientReadings = field(default_factory=GradientReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

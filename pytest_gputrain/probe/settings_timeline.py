@@ -1,7 +1,8 @@
 """Settings a test may change inside itself, read while it trains.
 
-A test can turn cuDNN off, or its benchmark mode, TF32, deterministic algorithms or anomaly
-detection on, or cap its memory with ``set_per_process_memory_fraction``, and put everything
+A test can turn cuDNN off, or its benchmark mode, TF32, deterministic algorithms, anomaly
+detection or a debugging instrument (``instrument_readings.py``) on, or cap its memory with
+``set_per_process_memory_fraction``, and put everything
 back in a ``finally:`` block. Read at teardown, such a test looks like it trained with the
 defaults. So the probe reads these settings at step boundaries: the first two optimizer steps,
 the steps of the profiler window and every ``EVERY``-th step after (a few microseconds per
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_gputrain.probe.cuda_readings import read_backend_flags
+from pytest_gputrain.probe.instrument_readings import read_instruments
 
 EVERY = 32  # steps between reads after the first steps and the profiler window
 FRACTION = "memory_fraction"
@@ -42,9 +44,11 @@ def fraction_reader(torch: Any, index: int) -> Callable[[], float] | None:
 
 
 def read_settings(torch: Any, fraction: Callable[[], float] | None) -> dict[str, Any]:
-    """The settings now: the backend flags (``read_backend_flags``), anomaly detection and,
-    with a reader, the memory fraction. Unreadable settings are left out."""
+    """The settings now: the backend flags (``read_backend_flags``), anomaly detection, the
+    debugging instruments (``read_instruments``) and, with a reader, the memory fraction.
+    Unreadable settings are left out."""
     settings = read_backend_flags(torch)
+    settings.update(read_instruments(torch))
     with contextlib.suppress(Exception):
         settings[ANOMALY] = bool(torch.is_anomaly_enabled())
     if fraction is not None:

@@ -27,8 +27,9 @@ class TimelineFacts(FactGroup):
         default_factory=list, description="time blocked in the DataLoader before each kept step "
                                           "(s)")
     memory_time: list[float] = Field(
-        default_factory=list, description="s since the start of each allocator reading (the "
-                                          "end of the step it followed)")
+        default_factory=list, description="s since the start of each allocator reading: the "
+        "end of the step it followed, and the moment of each out-of-memory error (after the "
+        "test's start, 0, when it failed before its first step)")
     allocated: list[int] = Field(default_factory=list,
                                  description="bytes allocated at each reading")
     reserved: list[int] = Field(default_factory=list,
@@ -49,6 +50,15 @@ class TimelineFacts(FactGroup):
     throttled: list[bool | None] = Field(
         default_factory=list, description="a hardware slowdown, thermal slowdown or power "
                                           "brake held the clocks at that sample")
+    sync_wait: list[float] = Field(
+        default_factory=list, description="time inside host-device syncs the code asked for "
+                                          "during each kept step (s)")
+    save_steps: list[int] = Field(
+        default_factory=list, description="1-based number of the step each checkpoint save fell "
+                                          "in (steps + 1: after the last step)")
+    compile_steps: list[int] = Field(
+        default_factory=list, description="1-based number of the step in which each "
+                                          "torch.compile compilation began")
     window_start: float | None = fact("s", "when the profiler window opened")
     window_end: float | None = fact("s", "when the profiler window closed")
     oom_times: list[float] = Field(default_factory=list,

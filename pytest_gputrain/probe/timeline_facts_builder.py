@@ -3,15 +3,15 @@
 Every moment is turned into seconds since the test's call began (``RunRecord.started``): step
 ends are the running sum of the step times (the first step began at the start), the allocator
 readings sit at the end of the step they followed, NVML samples are shifted by the moment the
-sampler started, and out-of-memory moments by the probe clock they were read on. Pure
-functions, like the other builders.
+sampler started, and out-of-memory moments (with the allocator's bytes read at each) by the
+probe clock they were read on. Pure functions, like the other builders.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from pytest_gputrain.probe.run_record import NvmlTimeline, RunRecord
+from pytest_gputrain.probe.run_record import RunRecord
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
 from pytest_gputrain.series import keep_extremes, take
 
@@ -36,22 +36,62 @@ def timeline_facts(record: RunRecord, throttle_bits: int) -> TimelineFacts:
         timeline.step_number = [index + 1 for index in kept]
         timeline.step_time = [_r(t) for t in take(steps.times, kept)]
         timeline.loader_wait = [_r(t) for t in take(waits, kept)]
+        if len(steps.sync_waits) == len(ends):
+            timeline.sync_wait = [_r(t) for t in take(steps.sync_waits, kept)]
+    # Moments of the loop's own work, for the pictures of the findings about them.
+    timeline.save_steps = [index + 1 for index in steps.saves[:TIMELINE_POINTS]]
+    if record.compile.callback:
+        timeline.compile_steps = [index + 1 for index in
+                                  record.compile.compile_steps[:TIMELINE_POINTS]]
     _memory(timeline, record, ends)
     _window(timeline, record, ends)
-    _nvml(timeline, record.nvml, record.started, throttle_bits)
+    _nvml(timeline, record, throttle_bits)
     timeline.oom_times = [_r(moment.t - record.started) for moment in record.oom_moments]
     return timeline
 
 
 def _memory(timeline: TimelineFacts, record: RunRecord, ends: list[float]) -> None:
-    """The allocator's readings, after steps 1, 1 + s, 1 + 2s, ... (s: the stride)."""
+    """The allocator's readings, after steps 1, 1 + s, 1 + 2s, ... (s: the stride), then at
+    each out-of-memory error; a test that failed before its first step's reading starts from
+    the allocator as the test found it."""
     steps = record.steps
     stride = max(1, steps.allocated_stride)
     count = min(len(steps.allocated), (len(ends) - 1) // stride + 1 if ends else 0)
-    timeline.memory_time = [_r(ends[i * stride]) for i in range(count)]
-    timeline.allocated = list(steps.allocated[:count])
-    if len(steps.reserved) >= count:
-        timeline.reserved = list(steps.reserved[:count])
+    times = [_r(ends[i * stride]) for i in range(count)]
+    allocated = list(steps.allocated[:count])
+    reserved: list[int] | None = list(steps.reserved[:count]) \
+        if len(steps.reserved) >= count else None
+    failures = [m for m in record.oom_moments if m.allocated is not None]
+    if failures and not times:
+        start = _start_reading(record, failures[0].device_index)
+        if start is not None:
+            times.append(0.0)
+            allocated.append(start[0])
+            if reserved is not None:
+                reserved.append(start[1])
+    for moment in failures:
+        times.append(_r(moment.t - record.started))
+        allocated.append(int(moment.allocated or 0))
+        if reserved is not None and moment.reserved is not None:
+            reserved.append(moment.reserved)
+        else:
+            reserved = None
+    timeline.memory_time, timeline.allocated = times, allocated
+    if reserved is not None:
+        timeline.reserved = reserved
+
+
+def _start_reading(record: RunRecord, index: int) -> tuple[int, int] | None:
+    """Allocated and reserved bytes when the test began: read then where CUDA was initialised,
+    none where it was not (no context, nothing allocated); None where the reading failed."""
+    readings = record.allocator.start
+    stats = readings.get(index)
+    if stats and "allocated_bytes.all.current" in stats:
+        return (int(stats["allocated_bytes.all.current"]),
+                int(stats.get("reserved_bytes.all.current", 0)))
+    if any(error.startswith("reading the allocator at the start") for error in record.errors):
+        return None
+    return 0, 0
 
 
 def _window(timeline: TimelineFacts, record: RunRecord, ends: list[float]) -> None:
@@ -70,14 +110,28 @@ def _window(timeline: TimelineFacts, record: RunRecord, ends: list[float]) -> No
     timeline.window_end = _r(ends[last - 1])
 
 
-def _nvml(timeline: TimelineFacts, nvml: NvmlTimeline, started: float,
-          throttle_bits: int) -> None:
+def no_samples_reason(record: RunRecord) -> str:
+    """Why a run has no NVML samples, in the words of what it did: sampling starts at the main
+    optimizer's first step on a CUDA device."""
+    devices = record.devices
+    if devices.cuda_index is None and record.steps.times:
+        return f"no NVML samples: the test trained on {devices.device or 'the CPU'}, not CUDA"
+    if devices.cuda_index is None:
+        failed = " (an out-of-memory error came first)" if record.oom_moments else ""
+        return ("no NVML samples: sampling starts at the first optimizer step on a CUDA "
+                f"device, and the test took none{failed}")
+    why = [e for e in record.errors if e.startswith("NVML sampling")]
+    return f"no NVML samples: {why[0]}" if why else \
+        "no NVML samples: NVML is unavailable or no sample answered"
+
+
+def _nvml(timeline: TimelineFacts, record: RunRecord, throttle_bits: int) -> None:
+    nvml = record.nvml
     samples = nvml.samples
     if not samples or nvml.started is None:
-        timeline.unknown["nvml_time"] = ("no NVML samples (a CPU run, NVML unavailable or no "
-                                         "sample answered)")
+        timeline.unknown["nvml_time"] = no_samples_reason(record)
         return
-    shift = nvml.started - started
+    shift = nvml.started - record.started
     throttled = [None if s.clock_event_reasons is None else bool(s.clock_event_reasons
                                                                   & throttle_bits)
                  for s in samples]

@@ -15,10 +15,16 @@ What is installed (and only while a diagnosed test's call phase runs):
   the GPU, never a sync);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
   before a reset inside the test, e.g. by ``gpu_benchmark``) and of
-  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training);
-- wrappers of the Python-level syncing tensor methods (``item``, ``tolist``, ``cpu``,
-  ``__bool__``, ``__float__``, ``__int__``) that count calls on CUDA tensors, and those a
-  framework's own code made (the Hugging Face Trainer's NaN/Inf loss filter, ``frameworks.py``);
+  ``torch.autograd.gradcheck`` / ``gradgradcheck`` (counted: debugging APIs while training)
+  and of ``torch.profiler.profile.start`` / ``stop`` / ``step`` (the time a profiler of the
+  test's own took to start and to process its events, ``instrument_readings.ProfilerTimes``),
+  and of ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` (the clipping in force
+  when a loss diverges, GT146);
+- wrappers of the Python-level syncing calls (``collect/sync_calls.py``: the tensor methods
+  ``item``, ``tolist``, ``cpu``, ``__bool__``, ``__float__``, ``__int__`` on CUDA tensors, and
+  ``torch.cuda.synchronize``, ``Stream.synchronize``, ``Event.synchronize``), counted by kind and
+  call site, and those a framework's own code made (the Hugging Face Trainer's NaN/Inf loss
+  filter, ``frameworks.py``);
 - a wrapper of ``torch.utils.data.dataloader._BaseDataLoaderIter.__next__`` (loader.py);
 - an optimizer step pre hook (``register_optimizer_step_pre_hook``): the host time of each step;
 - wrappers of ``Optimizer.zero_grad`` and ``Module.zero_grad`` that count ``set_to_none=False``
@@ -40,13 +46,11 @@ What is installed (and only while a diagnosed test's call phase runs):
   installed when dynamo is already imported, or by a wrapper of ``torch.compile`` right after
   the test compiles its model.
 
-Why wrap methods instead of ``torch.cuda.set_sync_debug_mode("warn")``: the debug mode reports
-each sync as a Python warning, so it would print into the user's warnings summary, turn into
-exceptions under ``-W error`` / ``filterwarnings = error`` (common in test suites), and be caught
-by the user's own ``pytest.warns`` blocks; and building a warning costs more than the counter.
-The wrappers see only syncs asked for from Python (the usual culprits: ``loss.item()``,
-``print(t)``, ``t.cpu()``, ``if t:``); the profiler window also counts every
-``cuda*Synchronize`` the runtime saw, C++ ones (``nonzero``, boolean masks) included.
+Why wrap the syncing calls instead of ``torch.cuda.set_sync_debug_mode("warn")``: see
+``collect/sync_calls.py``. The wrappers see only syncs asked for from Python (the usual
+culprits: ``loss.item()``, ``print(t)``, ``t.cpu()``, ``if t:``, ``torch.cuda.synchronize()``);
+the profiler window also counts every ``cuda*Synchronize`` the runtime saw, C++ ones
+(``nonzero``, boolean masks) included.
 
 Every hook body is guarded: an exception in the probe disables it for the rest of the test and
 is recorded in ``run.probe_errors``; it never reaches user code. The hooks call the probe through
@@ -60,21 +64,26 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from pytest_gputrain.probe.frameworks import caller_framework
+from pytest_gputrain.collect.sync_calls import SyncTally, sync_wrappers
+from pytest_gputrain.probe.instrument_readings import PROFILER_METHODS, ProfilerTimes
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
 
-SYNC_METHODS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 DEBUG_APIS = ("gradcheck", "gradgradcheck")  # torch.autograd functions counted while training
-# Those that take no argument get a wrapper without *args/**kwargs: a quarter of the cost per
-# call, which matters for ``item``: torch's (foreach, non-capturable) Adam and AdamW call it on
-# each parameter's CPU step counter, twice per parameter and step.
-NO_ARGUMENT_METHODS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__"})
+# torch.nn.utils' gradient clipping (Lightning's gradient_clip_val and the Hugging Face Trainer's
+# max_norm call it there), and the kind each clips by.
+CLIPPING = (("clip_grad_norm_", "norm"), ("clip_grad_value_", "value"))
+
+
+def _limit(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The max_norm / clip_value of a clipping call (its second argument)."""
+    if len(args) > 1:
+        return args[1]
+    return kwargs.get("max_norm", kwargs.get("clip_value"))
 
 
 class Patches:
@@ -146,58 +155,6 @@ def is_tracing(torch: Any) -> Callable[[], bool]:
         return compiling
     return lambda: compiling() or context() is not None
 
-
-
-def wrap_sync_method(name: str, original: Callable[..., Any], counts: Any) -> Callable[..., Any]:
-    """Count calls on CUDA tensors into ``counts`` (the probe's ``SyncCounts``)."""
-    def is_cuda(tensor: Any) -> bool:
-        try:
-            return bool(tensor.is_cuda)
-        except Exception:  # exotic tensor subclasses: count nothing, change nothing
-            return False
-
-    def count(caller: FrameType | None) -> None:
-        counts.pending += 1
-        counts.by_call[name] = counts.by_call.get(name, 0) + 1
-        framework = caller_framework(caller)
-        if framework is not None:  # the framework's own habit, not the test's code
-            counts.framework_pending += 1
-            key = f"{framework}: {name}"
-            counts.by_framework[key] = counts.by_framework.get(key, 0) + 1
-
-    # The host time inside the call is kept too: a long step whose time went into a read-back
-    # waited for GPU work queued by the steps before it (a loop without a sync per step), it
-    # did not stall. A sync costs tens of µs at least; two clock reads do not show, nor the
-    # few frame reads that tell whether a framework asked for it (frameworks.py).
-    clock = time.perf_counter
-    getframe = sys._getframe
-    wrapper: Callable[..., Any]
-    if name in NO_ARGUMENT_METHODS:
-        def wrapper(self: Any) -> Any:
-            try:
-                cuda = self.is_cuda  # inline: the common CPU case is one attribute read
-            except Exception:
-                cuda = False
-            if not cuda:
-                return original(self)
-            count(getframe(1))
-            started = clock()
-            try:
-                return original(self)
-            finally:
-                counts.pending_wait += clock() - started
-    else:
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not is_cuda(self):
-                return original(self, *args, **kwargs)
-            count(getframe(1))
-            started = clock()
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                counts.pending_wait += clock() - started
-
-    return probe_wrapper(wrapper, original)
 
 
 def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
@@ -390,6 +347,7 @@ class Installation:
         self._key: Any = None
         self._hook: Any = None  # the probe's on_global_forward, once installed
         self._compile_handler: Any = None  # dynamo's callback handler, once registered
+        self._sync_patches: list[tuple[Any, str]] = []  # (owner, name) of the sync wrappers
 
     # -- the armed/disarmed global forward pre hook ---------------------------------------------
 
@@ -424,11 +382,9 @@ class Installation:
         self.patches.set(autograd, "backward",
                          wrap_backward(autograd.backward, self.probe, loss=True))
         self.patches.set(autograd, "grad", wrap_backward(autograd.grad, self.probe))
-        for name in SYNC_METHODS:
-            original = getattr(torch.Tensor, name, None)
-            if original is not None:
-                self.patches.set(torch.Tensor, name,
-                                 wrap_sync_method(name, original, self.probe.record.syncs))
+        for owner, name, wrapper in sync_wrappers(torch, self.probe.record.syncs):
+            self.patches.set(owner, name, wrapper)
+            self._sync_patches.append((owner, name))
         from torch.utils.data import dataloader
 
         base = dataloader._BaseDataLoaderIter
@@ -454,7 +410,8 @@ class Installation:
 
     def install_truth_wrappers(self) -> None:
         """Wrappers that keep the facts true to the test: its own memory peaks across a reset
-        it makes, and the debugging APIs it calls while training."""
+        it makes, and the debugging APIs it calls while training (gradcheck, the start and
+        stop of a profiler of its own)."""
         probe = self.probe
         memory = getattr(self.torch.cuda, "memory", None)
         reset = getattr(memory, "reset_peak_memory_stats", None)
@@ -471,6 +428,15 @@ class Installation:
                 self.patches.set(autograd, name,
                                  wrap_before(original, lambda *a, **k: probe.on_gradcheck(),
                                              probe))
+        for owner, name, wrapper in ProfilerTimes(probe.record.settings).wrappers(self.torch):
+            self.patches.set(owner, name, wrapper)
+        utils = self.torch.nn.utils
+        for name, kind in CLIPPING:
+            original = getattr(utils, name, None)
+            if callable(original):
+                self.patches.set(utils, name, wrap_before(
+                    original, lambda *a, _kind=kind, **k: probe.on_clip(_kind, _limit(a, k)),
+                    probe))
 
     def install_habit_hooks(self) -> None:
         """Optimizer step timing, zero_grad, empty_cache and GradScaler.scale (the optimizer,
@@ -518,14 +484,21 @@ class Installation:
         self.patches.set(optimized, "__call__", wrap_optimized_call(optimized.__call__, self))
 
     def drop_sync_wrappers(self) -> list[str]:
-        """Put torch's own syncing tensor methods back for the rest of the test.
+        """Put torch's own syncing calls back for the rest of the test.
 
         Called when torch.compile starts compiling: dynamo would trace into the Python wrapper
         and meet the C method it wraps, which it cannot trace ("Dynamo does not know how to
         trace the builtin TensorBase.item"): a graph break and a warning that ``-W error`` turns
         into a failure of the user's test. Without the wrapper dynamo handles ``.item()`` as it
         always does; syncs are then counted by the profiler window only."""
-        return self.patches.restore_some(self.torch.Tensor, SYNC_METHODS)
+        problems: list[str] = []
+        owners: dict[int, tuple[Any, list[str]]] = {}
+        for owner, name in self._sync_patches:
+            owners.setdefault(id(owner), (owner, []))[1].append(name)
+        for owner, names in owners.values():
+            problems.extend(self.patches.restore_some(owner, names))
+        self._sync_patches.clear()
+        return problems
 
     def remove(self) -> list[str]:
         """Remove everything installed; returns problems found while doing so."""
@@ -568,8 +541,10 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile"), (torch, "save")]
     owners += [(owner, method) for owner, method, _ in framework_checkpoint_methods()]
-    owners += [(torch.Tensor, name) for name in SYNC_METHODS]
+    owners += [(owner, name) for owner, name, _ in sync_wrappers(torch, SyncTally())]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
+    owners += [(torch.profiler.profile, name) for name in PROFILER_METHODS]
+    owners += [(torch.nn.utils, name) for name, _ in CLIPPING]
     owners += [(torch.cuda, "reset_peak_memory_stats"),
                (torch.cuda.memory, "reset_peak_memory_stats")]
     owners += [(torch.optim.Optimizer, "zero_grad"), (torch.nn.Module, "zero_grad"),

@@ -12,9 +12,9 @@ LOW_LR = 0.01  # a learning rate under this share of the run's peak moves the we
 def update_facts(record: RunRecord) -> UpdateFacts:
     readings = record.updates
     steps = len(record.steps.times)
-    facts = UpdateFacts(optimizer=record.optimizer.name, lr_start=readings.lr_start,
-                        lr_end=readings.lr_end)
-    _schedule(facts, readings.schedulers, readings.primary, readings.lr_start, steps)
+    facts = UpdateFacts(optimizer=record.optimizer.name, lr_start=record.optimizer.lr_first,
+                        lr_end=record.optimizer.lr_last)
+    _schedule(facts, readings.schedulers, readings.primary, record.optimizer.lr_first, steps)
     _zero_grad(facts, record, steps)
     _checks(facts, record)
     return facts

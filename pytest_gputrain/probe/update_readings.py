@@ -6,7 +6,8 @@ Three readings, none a sync while the test trains and none on the per-step path:
   ``ReduceLROnPlateau.step`` where it has its own) notes, at each scheduler step, the scheduler's
   class, the optimizer steps done so far and the largest learning rate of its optimizer's groups
   after it. A learning rate only changes there (or where the test sets it itself: the rate at
-  the first optimizer step and at the end are read too), so the schedule is exact at no per-step
+  the first optimizer step and at the end, ``OptimizerReadings.lr_first``/``lr_last``, are read
+  by the probe), so the schedule is exact at no per-step
   cost. A rate that is a tensor on a GPU is not read (reading it would synchronise).
 - **zero_grad's cadence**: the probe's ``zero_grad`` wrappers note the step under way at each
   call (``OptimizerReadings.zero_grad_steps``); an optimizer step with no call since the one
@@ -24,8 +25,10 @@ Built into ``run.updates.*`` by ``update_facts_builder.py``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Final
 
+from pytest_gputrain.probe.optimizer_readings import largest_lr
 from pytest_gputrain.probe.run_record import RunRecord, SchedulerStep, UpdateCheck
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
@@ -37,18 +40,6 @@ CHECK_STEPS: Final = 4  # the first check; then 8, 16, 32, ... (0-based step ind
 MAX_CHECKS: Final = 16
 CHECK_ELEMENTS: Final = 1 << 20  # parameter elements compared at a check, at most
 MAX_SCHEDULER_STEPS: Final = 8192
-
-
-def largest_lr(optimizer: Any) -> float | None:
-    """The largest learning rate of the optimizer's groups; None where one is a tensor (on a
-    GPU, reading it would synchronise) or not a number."""
-    rates = []
-    for group in getattr(optimizer, "param_groups", ()):
-        lr = group.get("lr")
-        if isinstance(lr, bool) or not isinstance(lr, int | float):
-            return None
-        rates.append(float(lr))
-    return max(rates) if rates else None
 
 
 class UpdateWatch:
@@ -94,12 +85,14 @@ class UpdateWatch:
         return probe_wrapper(step, original)
 
     def stop(self, cuda_ok: bool) -> None:
-        """The main optimizer's learning rate now, and the checks read back in one copy."""
+        """The main optimizer (which one, its learning rate now), and the checks read back in
+        one copy."""
         readings = self.readings
         primary = self.record.optimizers.primary
         if primary is not None:
             readings.primary = id(primary)
-            readings.lr_end = largest_lr(primary)
+            with contextlib.suppress(Exception):
+                self.record.optimizer.lr_last = largest_lr(primary)
         self._before = []
         counts, self._counts = self._counts, None
         if counts is None or not readings.checks:
@@ -118,10 +111,6 @@ class UpdateWatch:
             check.unchanged, check.with_grad = int(values[2 * index]), int(values[2 * index + 1])
 
     # -- the unchanged-weight checks (at a few steps) ----------------------------------------
-
-    def first_step(self, optimizer: Any) -> None:
-        """The main optimizer's learning rate at its first step (the probe adopted it)."""
-        self.readings.lr_start = largest_lr(optimizer)
 
     def before_step(self, optimizer: Any) -> None:
         """Copy a slice of each parameter that has a gradient (the pre-step hook, at a check)."""

@@ -14,13 +14,16 @@ import statistics
 from pytest_gputrain.probe.facts import ProfileFacts, RunFacts, StallFacts, SyncFacts
 from pytest_gputrain.probe.run_record import RunRecord, StepFlag
 
+MAX_SITES_SHOWN = 8  # call sites named in the facts, most frequent first
+
 
 def sync_facts(record: RunRecord, steady: list[int]) -> SyncFacts:
     facts = SyncFacts()
-    by_call = record.syncs.by_call
-    facts.by_call = [f"{name}: {count}" for name, count in
-                     sorted(by_call.items(), key=lambda item: (-item[1], item[0]))]
-    facts.total = sum(by_call.values())
+    by_kind = sorted(record.syncs.by_kind.items(), key=lambda item: (-item[1], item[0]))
+    facts.by_call = [f"{name}: {count}" for name, count in by_kind]
+    facts.kinds = [name for name, _ in by_kind]
+    facts.by_site = record.syncs.sites()[:MAX_SITES_SHOWN]
+    facts.total = sum(count for _, count in by_kind)
     stopped = record.syncs.stopped_at
     counted = steady if stopped is None else [i for i in steady if i < stopped]
     if stopped is not None:

@@ -1,18 +1,12 @@
-"""How the probe dresses the functions it wraps in torch (``torch_hooks.py``, ``loader.py``)."""
+"""How the probe dresses the functions it wraps in torch (``torch_hooks.py``, ``loader.py``):
+as the syncs' counters do (``collect/sync_calls.py``), so that one mark finds them all."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from pytest_gputrain.collect.sync_calls import dressed
 
+# ``wrapper`` dressed as ``original`` (name, qualified name, doc, ``__wrapped__``) and marked as
+# the probe's, so that the uninstall finds it and a second install does not wrap it again.
+probe_wrapper = dressed
 
-def probe_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
-    """``wrapper`` dressed as ``original`` (name, qualified name, doc, ``__wrapped__``) and marked
-    as the probe's, so that the uninstall finds it and a second install does not wrap it again."""
-    for attribute in ("__name__", "__qualname__", "__doc__"):
-        value = getattr(original, attribute, None)
-        if value is not None:
-            setattr(wrapper, attribute, value)
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper._gputrain_probe = True  # type: ignore[attr-defined]
-    return wrapper
+__all__ = ["probe_wrapper"]

@@ -30,8 +30,8 @@ before the phase); a step that synchronises itself (``.item()``) is never queued
 GPU time.
 
 On the CPU (no CUDA, or ``device="cpu"``) the host timer ``time.perf_counter`` brackets each call.
-
-Import is light: torch and NVML are imported on first use.
+Last, untimed, the counting pass (``counters=True``: ``counting.py``). Import is light: torch
+and NVML are imported on first use.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from pytest_gputrain.regression import stats
+from pytest_gputrain.regression import policy, stats
 from pytest_gputrain.regression.options import MAX_ROUNDS, MAX_TIME_S, MAX_WARMUP
 from pytest_gputrain.units import shown
 
@@ -139,6 +139,7 @@ class BenchmarkResult:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     conditions: dict[str, Any] = field(default_factory=dict)
     gpu_time: list[float | None] | None = None
+    counters: dict[str, Any] | None = None  # the counting pass (collect.step_counters)
     disabled: bool = False
     returned: Any = field(default=None, repr=False, compare=False)  # the step's last value
 
@@ -260,7 +261,8 @@ class BenchmarkResult:
         """A JSON-ready dict (what workers send and the store keeps)."""
         return {"nodeid": self.nodeid, "device": self.device, "timer": self.timer,
                 "warmup": self.warmup, "fingerprint": self.fingerprint,
-                "metrics": self.metrics(), "summary": self.summary()}
+                "metrics": self.metrics(), "summary": self.summary(),
+                "counters": self.counters}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> BenchmarkResult:
@@ -280,6 +282,7 @@ class BenchmarkResult:
             gpu_time=metrics.get("gpu_time"),
             fingerprint=dict(record.get("fingerprint") or {}),
             conditions=dict(summary.get("conditions") or {}),
+            counters=record.get("counters"),
         )
 
 
@@ -369,9 +372,11 @@ def samples_for_rounds(times: list[float], phases: list[tuple[int, int, float]],
 def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
             kwargs: dict[str, Any] | None = None, *, options: BenchmarkOptions | None = None,
             device: object = None, nvml: bool = True, nodeid: str = "",
-            fingerprint: bool = True, gpu_time: bool = False) -> BenchmarkResult:
-    """Run ``fn(*args, **kwargs)``: warm-up, then timed rounds, and with ``gpu_time`` (CUDA
-    only) the queued rounds that time the GPU's work; see the module docstring."""
+            fingerprint: bool = True, gpu_time: bool = False, counters: bool = False,
+            bound: str | None = None) -> BenchmarkResult:
+    """Run ``fn(*args, **kwargs)``: warm-up, timed rounds, with ``gpu_time`` (CUDA only) the
+    queued rounds that time the GPU's work, with ``counters`` the counting pass (``bound``:
+    the step's kind, stated instead of judged). See the module docstring."""
     from pytest_gputrain.regression import process_state
 
     options = options or BenchmarkOptions()
@@ -390,6 +395,13 @@ def measure(fn: Callable[..., Any], args: tuple[Any, ...] = (),
         clocks = [c for c in result.sm_clock or [] if c is not None]
         result.conditions = process_state.read(torch)
         result.conditions["sm_clock_median"] = stats.median(clocks) if clocks else None
+    if counters:
+        from pytest_gputrain.regression.counting import count
+
+        gpu = stats.median(result.gpu_times) if result.gpu_times else None
+        result.counters = count(lambda: fn(*args, **kwargs), torch=torch, device=name,
+                                step_time=stats.median(result.step_time), gpu_time=gpu,
+                                min_rounds=options.min_rounds, bound=bound)
     if fingerprint:
         from pytest_gputrain.regression.fingerprint import collect
 
@@ -548,22 +560,25 @@ class GpuBenchmark:
     ``gpu_benchmark(step, *args, rounds=50, warmup=5)`` returns a ``BenchmarkResult``; the
     result is kept for the session's table, ``--gpu-save`` and ``--gpu-compare``. With
     ``disabled`` (``--gpu-benchmark-disable``) the step is called once, untimed. ``gpu_time``
-    (default: whether the gate gates ``gpu_time``) adds the queued rounds that time the GPU's
-    work per step.
+    (default: whether the gate may gate ``gpu_time``) adds the queued rounds that time the
+    GPU's work per step; ``counters`` the counting pass; ``bound`` ("launch", "gpu") states
+    the step's kind for the default policy instead of judging it.
     """
 
     def __init__(self, nodeid: str, defaults: BenchmarkOptions | None = None, *,
-                 disabled: bool = False, gpu_time: bool = False) -> None:
+                 disabled: bool = False, gpu_time: bool = False, counters: bool = True) -> None:
         self.nodeid = nodeid
         self.defaults = defaults or BenchmarkOptions()
         self.disabled = disabled
         self.gpu_time = gpu_time
+        self.counters = counters
         self.result: BenchmarkResult | None = None
 
     def __call__(self, fn: Callable[..., Any], *args: Any, rounds: int | None = None,
                  warmup: int | None = None, min_rounds: int | None = None,
                  max_rounds: int | None = None, max_time: float | None = None,
                  device: object = None, nvml: bool = True, gpu_time: bool | None = None,
+                 counters: bool | None = None, bound: str | None = None,
                  kwargs: dict[str, Any] | None = None) -> BenchmarkResult:
         if self.result is not None:
             raise RuntimeError("gpu_benchmark can time one step per test; split the test or "
@@ -571,6 +586,7 @@ class GpuBenchmark:
         if not callable(fn):
             raise TypeError(f"gpu_benchmark: {fn!r} is not callable; pass the step function "
                             "itself, e.g. gpu_benchmark(train_step, batch)")
+        policy.check_bound(bound)
         options = self.defaults.override(rounds=rounds, warmup=warmup, min_rounds=min_rounds,
                                          max_rounds=max_rounds, max_time=max_time)
         if self.disabled:
@@ -578,5 +594,7 @@ class GpuBenchmark:
         else:
             self.result = measure(fn, args, kwargs, options=options, device=device, nvml=nvml,
                                   nodeid=self.nodeid,
-                                  gpu_time=self.gpu_time if gpu_time is None else gpu_time)
+                                  gpu_time=self.gpu_time if gpu_time is None else gpu_time,
+                                  counters=self.counters if counters is None else counters,
+                                  bound=bound)
         return self.result

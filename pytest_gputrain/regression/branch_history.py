@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.compare import session_value
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences
-from pytest_gputrain.regression.options import METRICS
+from pytest_gputrain.regression.options import TIME_METRICS
 from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, Store
 
@@ -107,7 +107,7 @@ def environment_changes(sessions: Sequence[Session], index: int) -> tuple[FieldD
 
 
 def build_series(entries: Iterable[tuple[RunInfo, ResultRecord]], nodeid: str, *,
-                 metrics: Sequence[str] = METRICS,
+                 metrics: Sequence[str] = TIME_METRICS,
                  step_summary: str = DEFAULT_STEP_SUMMARY) -> list[Series]:
     """The series of one test's results (oldest first), one per name and metric that has a
     session with a summary."""
@@ -134,7 +134,7 @@ def find_changes(series: Series, *, alpha: float = change_points.DEFAULT_ALPHA,
 
 
 def read_series(store: Store, nodeids: Sequence[str], *, name: str | None = None,
-                limit: int = DEFAULT_LIMIT, metrics: Sequence[str] = METRICS,
+                limit: int = DEFAULT_LIMIT, metrics: Sequence[str] = TIME_METRICS,
                 step_summary: str = DEFAULT_STEP_SUMMARY) -> list[Series]:
     """Each test's series in the store (each test's newest ``limit`` results), of one name or
     of every name; sorted by name, test and metric."""
@@ -142,5 +142,5 @@ def read_series(store: Store, nodeids: Sequence[str], *, name: str | None = None
     for nodeid in nodeids:
         entries = store.history(nodeid, name=name, limit=limit)
         found.extend(build_series(entries, nodeid, metrics=metrics, step_summary=step_summary))
-    return sorted(found, key=lambda s: (s.name, s.nodeid, METRICS.index(s.metric)
-                                        if s.metric in METRICS else len(METRICS)))
+    return sorted(found, key=lambda s: (s.name, s.nodeid, TIME_METRICS.index(s.metric)
+                                        if s.metric in TIME_METRICS else len(TIME_METRICS)))

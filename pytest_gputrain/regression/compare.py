@@ -2,22 +2,26 @@
 
 A side is one or more sessions (saved runs, or this pytest session) of one code version. Per
 test: the fingerprints are compared first (different strict fields: "not comparable", unless
-forced); each session is summarised by one value per metric (step time: its fastest clean
-round, or their median; GPU time per step: the same of its queued rounds; peak VRAM: its
-largest peak); then ``stats.compare_sessions`` decides
-over the sessions, with the spread between sessions taken from each side's replicate sessions
-and from the store's history of the test in the same environment. The conditions of the sessions
-(cuDNN autotuning, an earlier profiler, clocks) are compared too, and a difference is named in
-the verdict: such sides are not like for like.
+forced); the metrics gated are the settings' thresholds, and under the default policy those of
+the kind of step the sessions timed (``policy.gated``). Each session is summarised by one value
+per metric (step time: its fastest clean round, or their median; GPU time per step: the same of
+its queued rounds; peak VRAM: its largest peak; host CPU time and instructions: the fastest
+round of the counting pass); then ``stats.compare_sessions`` decides over the sessions, with the
+spread between sessions taken from each side's replicate sessions and from the store's history
+of the test in the same environment. The exact counters (kernels, syncs, copies, allocations,
+operators per step) need no statistics: ``counters.decide_exact`` compares the counts, and a
+count that rose is a regression on its own evidence, its cause named in words. The conditions
+of the sessions (cuDNN autotuning, an earlier profiler, clocks) are compared too, and a
+difference is named in the verdict: such sides are not like for like.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pytest_gputrain.regression import process_state, stats
+from pytest_gputrain.regression import counters, policy, process_state, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.fingerprint import FieldDifference, differences, fingerprint_hash
 from pytest_gputrain.regression.options import DEFAULT_ALPHA, DEFAULT_CANNOT_TELL
@@ -53,6 +57,12 @@ class GateSettings:
     force: bool = False
     step_summary: str = DEFAULT_STEP_SUMMARY  # "min" or "median" (settings.STEP_SUMMARIES)
     cannot_tell: str = DEFAULT_CANNOT_TELL  # "pass", "warn" or "fail" (settings.CANNOT_TELL)
+    auto: bool = False  # the default policy: each test's metrics by its kind (policy.py)
+    off: frozenset[str] = frozenset()  # metrics the spec turned off
+
+    def gated(self, kinds: Iterable[str | None]) -> dict[str, float]:
+        """The metrics a test whose sessions were judged ``kinds`` is gated on."""
+        return policy.gated(self.thresholds, self.auto, self.off, kinds)
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,9 @@ class MetricComparison:
     differences: tuple[FieldDifference, ...] = ()
     unlike: tuple[str, ...] = ()
     forced: bool = False
+    exact: bool = False  # an exact counter, every session of each side counting the same
+    cause: str = ""  # what changed behind the verdict, in words (counters.py)
+    bound: tuple[str | None, ...] = ()  # the kinds of step the sessions were judged (policy)
 
     @property
     def label(self) -> str:
@@ -118,7 +131,8 @@ class MetricComparison:
             "spread": {"relative_sd": self.spread, "df": self.spread_df,
                        "df_sides": self.spread_df_sides, "df_history": self.spread_df_history,
                        "history_groups": self.history_groups},
-            "reason": self.reason,
+            "reason": self.reason, "cause": self.cause, "exact": self.exact,
+            "bound": [policy.KIND_WORDS.get(kind, str(kind)) for kind in self.bound],
             "fingerprint_differences": [d.to_json() for d in self.differences],
             "unlike": list(self.unlike), "forced": self.forced,
         }
@@ -151,11 +165,15 @@ class GateReport:
     session_budget: int | None = None  # the sequential recipe's most sessions a side
     comparisons: list[MetricComparison] = field(default_factory=list)
     drifts: list[ReportedDrift] = field(default_factory=list)  # against a look-back window
+    explanations: list[dict[str, Any]] = field(default_factory=list)  # explain.explain_sides
     saved_run: RunInfo | None = None
     save_name: str | None = None
     commit: str | None = None
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the store or an output could not be used
+    # Each compared test's step times per round, of every baseline session: what the HTML
+    # report's steps lane overlays (output.report_section's "steps").
+    baseline_steps: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def count(self, verdict: str) -> int:
         return sum(1 for c in self.comparisons if c.verdict == verdict)
@@ -209,7 +227,15 @@ class GateReport:
 def as_record(result: BenchmarkResult) -> ResultRecord:
     """This session's benchmark in the store's shape."""
     return ResultRecord(result.nodeid, result.fingerprint, fingerprint_hash(result.fingerprint),
-                        result.rounds, result.metrics(), result.summary())
+                        result.rounds, result.metrics(), result.summary(),
+                        counters=result.counters)
+
+
+def has_metric(record: ResultRecord, metric: str) -> bool:
+    """Whether a session measured ``metric``."""
+    if metric in counters.COUNTERS:
+        return counters.measured(record, metric)
+    return bool(record.metrics.get(metric))
 
 
 def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT_STEP_SUMMARY
@@ -223,8 +249,16 @@ def session_value(record: ResultRecord, metric: str, step_summary: str = DEFAULT
     host busy with other work, so a launch-bound step waits for its launches; a neighbour on the
     GPU) only ever adds time, and comes and goes within a session: on the H200 the median of a
     launch-bound ResNet-18 session ran anywhere from 7.5 to 11.5 ms, its fastest round at
-    7.44-7.54 ms in all but two sessions of 28.
+    7.44-7.54 ms in all but two sessions of 28. An exact counter: its count per step; host CPU
+    time and instructions: the fastest round of the counting pass (or the median).
     """
+    if metric in counters.EXACT:
+        return counters.exact_value(record, metric), 0
+    if metric in counters.STATISTICAL:
+        rounds = counters.rounds_of(record, metric)
+        if len(rounds) < stats.MIN_ROUNDS:
+            return None, 0
+        return (min(rounds) if step_summary == "min" else stats.median(rounds)), 0
     values = record.metrics.get(metric)
     if not values:
         return None, 0
@@ -290,25 +324,28 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
     ``baseline`` and ``current`` hold one record per session; ``history`` holds groups of
     repeated sessions (each group one code version) of this test in this environment.
     """
-    measured = [m for m in settings.thresholds
-                if any(record.metrics.get(m) for record in current)]
+    kinds = tuple(dict.fromkeys(counters.bound_of(r) for r in (*baseline, *current)))
+    thresholds = settings.gated(kinds)
+    measured = [m for m in thresholds if any(has_metric(record, m) for record in current)]
     if not baseline:
         rows = []
         for metric in measured:
             values, left_out, throttled = _side(current, metric, settings.step_summary)
             rows.append(MetricComparison(
-                nodeid, metric, "new", settings.thresholds[metric],
+                nodeid, metric, "new", thresholds[metric],
                 current_value=stats.mean(values) if values else None,
                 current_values=tuple(values), current_left_out=left_out,
-                current_throttled=throttled, reason="no result for this test in the baseline"))
+                current_throttled=throttled, reason="no result for this test in the baseline",
+                bound=kinds))
         return rows
     found = tuple(differences(baseline[-1].fingerprint, current[-1].fingerprint))
     strict = [d for d in found if d.strict]
     unlike = tuple(process_state.unlike(_conditions(baseline), _conditions(current))
                    + _machines(baseline, current))
+    moved = counters.changed(baseline, current)  # every exact counter that changed, in words
     rows = []
     for metric in measured:
-        threshold = settings.thresholds[metric]
+        threshold = thresholds[metric]
         base_values, base_left, base_throttled = _side(baseline, metric, settings.step_summary)
         cur_values, cur_left, cur_throttled = _side(current, metric, settings.step_summary)
         common: dict[str, Any] = {
@@ -316,6 +353,7 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
             "baseline_values": tuple(base_values), "current_values": tuple(cur_values),
             "baseline_left_out": base_left, "current_left_out": cur_left,
             "baseline_throttled": base_throttled, "current_throttled": cur_throttled,
+            "bound": kinds,
         }
         if strict and not settings.force:
             rows.append(MetricComparison(
@@ -326,16 +364,27 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
                        + " (--gpu-compare-force compares anyway)",
                 **common))
             continue
-        if not any(record.metrics.get(metric) for record in baseline):
+        if not any(has_metric(record, metric) for record in baseline):
             rows.append(MetricComparison(
                 nodeid, metric, "new",
                 current_value=stats.mean(cur_values) if cur_values else None,
                 reason=f"the baseline has no {metric} for this test", **common))
             continue
+        if metric in counters.EXACT:
+            rows.append(_exact_row(nodeid, metric, baseline, current, unlike, strict, common))
+            continue
         past = [_side(group, metric, settings.step_summary)[0] for group in history]
         decision = stats.compare_sessions(base_values, cur_values, threshold=threshold,
                                           alpha=settings.alpha, history=past)
         reason = decision.reason
+        cause = ""
+        if metric in counters.STATISTICAL:
+            cause = counters.cause(metric, baseline, current)
+        elif moved:  # the clock moved (or could not tell) where the counts changed: say which
+            cause = "counters that changed: " + "; ".join(moved)
+        if cause and (decision.verdict in ("regression", "cannot_tell")
+                      or metric in counters.STATISTICAL):
+            reason += f"; {cause}"
         if unlike:
             reason += "; the sides are not like for like: " + "; ".join(unlike)
         if strict:
@@ -349,8 +398,38 @@ def compare_test(nodeid: str, baseline: Sequence[ResultRecord], current: Sequenc
             spread=spread.sd, spread_df=spread.df, spread_df_sides=spread.df_sides,
             spread_df_history=spread.df_history, history_groups=spread.history_groups,
             baseline_stray=decision.baseline_stray, current_stray=decision.current_stray,
-            reason=reason, forced=bool(strict), **common))
+            reason=reason, forced=bool(strict), cause=cause, **common))
     return rows
+
+
+def _exact_row(nodeid: str, metric: str, baseline: Sequence[ResultRecord],
+               current: Sequence[ResultRecord], unlike: tuple[str, ...],
+               strict: Sequence[FieldDifference], common: dict[str, Any]) -> MetricComparison:
+    """An exact counter's row: the counts decide (``counters.decide_exact``), and a change
+    names its cause."""
+    decision = counters.decide_exact(metric, common["threshold"], baseline, current)
+    verdict, reason = decision.verdict, decision.reason
+    cause = ""
+    if verdict in ("regression", "improvement"):
+        cause = counters.cause(metric, baseline, current)
+        if cause and decision.phrase:
+            reason = reason.replace(decision.phrase, f"{decision.phrase} ({cause})", 1)
+        if metric == "kernels" and counters.autotuned(baseline, current):
+            verdict = "cannot_tell"
+            reason += ("; but the ATen operators are the same on both sides and cuDNN "
+                       "autotuning is on (torch.backends.cudnn.benchmark): each process picks "
+                       "its own convolution kernels by timing them, so the kernels differ "
+                       "without the code")
+    if unlike:
+        reason += "; the sides are not like for like: " + "; ".join(unlike)
+    if strict:
+        reason += "; forced despite: " + "; ".join(d.describe() for d in strict)
+    exact_resolution = 0.0 if decision.exact else None
+    return MetricComparison(
+        nodeid, metric, verdict,  # type: ignore[arg-type]
+        baseline_value=decision.baseline, current_value=decision.current,
+        change=decision.change, resolution=exact_resolution, reason=reason,
+        forced=bool(strict), exact=decision.exact, cause=cause, **common)
 
 
 def compare_sides(baseline: dict[str, list[ResultRecord]], current: dict[str, list[ResultRecord]],

@@ -30,6 +30,7 @@ from pytest_gputrain.regression.compare import (
     compare_sides,
     store_history,
 )
+from pytest_gputrain.regression.explain import explain_sides
 from pytest_gputrain.regression.history import add_store_argument, locate
 from pytest_gputrain.regression.history_errors import HistoryError
 from pytest_gputrain.regression.options import (
@@ -46,7 +47,7 @@ from pytest_gputrain.regression.settings import (
     STEP_SUMMARIES,
     parse_alpha,
     parse_cannot_tell,
-    parse_thresholds,
+    parse_spec,
 )
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
 from pytest_gputrain.regression.store_backends import open_store
@@ -71,8 +72,11 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("current", metavar="CURRENT", help="the candidate: NAME, #ID or latest")
     add_store_argument(parser)
     parser.add_argument("--regression", metavar="SPEC", default=DEFAULT_REGRESSION,
-                        help="what counts as a regression (default "
-                             f"{DEFAULT_REGRESSION.replace('%', '%%')})")
+                        help="what counts as a regression: METRIC:PERCENT pairs (METRIC:off "
+                             "drops one); 'auto' (the default) is step_time:5%%,peak_vram:2%% "
+                             "and, by each test's kind of step, its counters (kernels, syncs, "
+                             "copies, allocations: any rise; instructions 1%%, host_cpu 2%%) or "
+                             "gpu_time:1%%; e.g. auto,step_time:2.5%%")
     parser.add_argument("--alpha", default=str(DEFAULT_ALPHA),
                         help=f"significance level over sessions (default {DEFAULT_ALPHA})")
     parser.add_argument("--step-summary", default=DEFAULT_STEP_SUMMARY, choices=STEP_SUMMARIES,
@@ -162,17 +166,18 @@ def _policy(args: argparse.Namespace) -> str:
 
 def _settings(args: argparse.Namespace) -> GateSettings:
     try:
-        thresholds = parse_thresholds(args.regression)
+        spec = parse_spec(args.regression)
     except ValueError as exc:
         raise CompareError(f"--regression: {exc}") from None
-    if not thresholds:
-        raise CompareError(f"--regression {args.regression!r} gates no metric; e.g. "
-                           f"{REGRESSION_EXAMPLE.replace('--gpu-regression', '--regression')}")
+    if not spec.thresholds and not spec.auto:
+        raise CompareError(f"--regression: {args.regression!r} gates no metric; e.g. "
+                           f"{REGRESSION_EXAMPLE}")
     try:
         alpha = parse_alpha(args.alpha)
     except ValueError as exc:
         raise CompareError(f"--alpha: {exc}") from None
-    return GateSettings(thresholds, alpha, bool(args.force), args.step_summary, _policy(args))
+    return GateSettings(spec.thresholds, alpha, bool(args.force), args.step_summary,
+                        _policy(args), spec.auto, spec.off)
 
 
 def _compare(args: argparse.Namespace) -> GateReport:
@@ -201,6 +206,7 @@ def _compare(args: argparse.Namespace) -> GateReport:
         history = store_history(store, {r.id for r in report.baseline_runs}
                                 | {r.id for r in report.current_runs})
         report.comparisons = compare_sides(baseline, current, settings, history)
+        report.explanations = explain_sides(baseline, current)
         if args.lookback:
             from pytest_gputrain.regression.drift import add_drifts
 

@@ -33,7 +33,7 @@ from pytest_gputrain.regression.branch_history import (
 )
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
 from pytest_gputrain.regression.compare import GateReport, GateSettings, session_value
-from pytest_gputrain.regression.options import MIN_LOOKBACK
+from pytest_gputrain.regression.options import MIN_LOOKBACK, TIME_METRICS
 from pytest_gputrain.regression.store import ResultRecord, Store
 
 
@@ -106,7 +106,10 @@ def find_drifts(store: Store, name: str, current: dict[str, list[ResultRecord]],
     found: list[Drift] = []
     for nodeid in sorted(current):
         records = current[nodeid]
-        metrics = [m for m in settings.thresholds if (nodeid, m) not in skipped]
+        # The times and peak memory drift; an exact counter changes at a commit, which the
+        # comparison itself names.
+        metrics = [m for m in settings.thresholds
+                   if m in TIME_METRICS and (nodeid, m) not in skipped]
         if not records or not metrics:
             continue
         entries = [(run, result) for run, result in store.history(

@@ -23,6 +23,7 @@ from pytest_gputrain.regression.compare import (
     session_fingerprint,
     store_history,
 )
+from pytest_gputrain.regression.explain import explain_sides
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
@@ -42,7 +43,7 @@ def check_store(settings: RegressionSettings) -> None:
             check_creatable(settings.store)
         if not settings.compare or settings.compare == "latest":
             return
-        if state != "ours":
+        if state not in ("ours", "older"):
             raise pytest.UsageError(
                 f"gpu_compare / --gpu-compare: no run {settings.compare!r}: the benchmark store "
                 f"{where} has no saved runs yet (save one with --gpu-save=NAME)")
@@ -77,7 +78,8 @@ def finish(config: pytest.Config, settings: RegressionSettings,
     """
     results = [BenchmarkResult.from_record(r) for r in records]
     report = GateReport(GateSettings(settings.thresholds, settings.alpha, settings.force,
-                                     settings.step_summary, settings.cannot_tell),
+                                     settings.step_summary, settings.cannot_tell,
+                                     settings.auto, settings.off),
                         benchmarks=results, compare_spec=settings.compare,
                         save_name=settings.save)
     _note_profiled(report, results)
@@ -147,6 +149,10 @@ def _compare(store: Store, spec: str, report: GateReport, results: list[Benchmar
     current = {result.nodeid: [as_record(result)] for result in results}
     history = store_history(store, {run.id for run in report.baseline_runs})
     report.comparisons = compare_sides(baseline, current, report.settings, history)
+    report.baseline_steps = {nodeid: [[float(v) for v in record.metrics.get("step_time") or []]
+                                      for record in baseline[nodeid]]
+                             for nodeid in current if baseline.get(nodeid)}
+    report.explanations = explain_sides(baseline, current)
     missing = sorted(set(baseline) - set(current))
     if missing:
         report.notes.append(f"{len(missing)} test(s) of the baseline did not run a benchmark "

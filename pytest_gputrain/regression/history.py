@@ -27,7 +27,7 @@ from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
-from pytest_gputrain.regression.options import DEFAULT_STORE, METRICS
+from pytest_gputrain.regression.options import DEFAULT_STORE, TIME_METRICS
 from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
 from pytest_gputrain.regression.store_backends import open_store
@@ -46,8 +46,10 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "history", help="list saved benchmark runs, one test's results across runs, or the "
                         "steps in each test's history",
-        description="List the runs saved with --gpu-save, or one test's step time and peak "
-                    "VRAM across runs (optionally as a PNG). --changes lists the steps in each "
+        description="List the runs saved with --gpu-save, or one test's step time, peak VRAM "
+                    "and per-step counters (kernels, syncs, H2D bytes, allocations, ATen ops, "
+                    "host CPU time, instructions; '~' where the counted steps disagreed) "
+                    "across runs (optionally as a PNG). --changes lists the steps in each "
                     "test's history on a branch (a run name); --html DIR writes them as a "
                     "static site.")
     add_store_argument(parser)
@@ -67,7 +69,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--html", metavar="DIR", help="write a static site into DIR: an index "
                         "of the tests with sparklines and their latest change, a page per test "
                         "with its series, steps and commits (needs ruptures)")
-    parser.add_argument("--metric", choices=METRICS, action="append",
+    parser.add_argument("--metric", choices=TIME_METRICS, action="append",
                         help="with --changes or --html: only this metric (repeatable; default "
                              "both)")
     parser.add_argument("--min-change", metavar="PERCENT",
@@ -144,8 +146,11 @@ def _history(args: argparse.Namespace) -> int:
                 print(json.dumps([_entry_json(run, result) for run, result in entries],
                                  indent=2))
             else:
-                print(printable(tabulate(_test_rows(entries), headers=TEST_HEADERS,
-                                         disable_numparse=True)))
+                counted = any(result.counters for _, result in entries)
+                print(printable(tabulate(
+                    _test_rows(entries, counted),
+                    headers=TEST_HEADERS + (COUNTER_HEADERS if counted else ()),
+                    disable_numparse=True)))
             if args.png:
                 draw_png(args.test, entries, Path(args.png))
                 print(f"wrote {args.png}")
@@ -164,6 +169,11 @@ def _history(args: argparse.Namespace) -> int:
 RUN_HEADERS = ("id", "name", "created", "commit", "device", "torch", "tests")
 TEST_HEADERS = ("run", "name", "created", "commit", "rounds", "median step", "IQR",
                 "peak VRAM", "throttled")
+COUNTER_HEADERS = ("kernels", "syncs", "H2D", "allocs", "ops", "host CPU", "instructions",
+                   "step")
+# The counters ``history --test`` shows, one column each (the exact ones per step, the host's
+# from the fastest round of the counting pass): what a session did per step beside its times.
+SHOWN_COUNTERS = ("kernels", "syncs", "h2d_bytes", "allocs", "ops", "host_cpu", "instructions")
 
 
 def _run_rows(runs: list[RunInfo]) -> list[tuple[str, ...]]:
@@ -186,23 +196,45 @@ def _peak(result: ResultRecord) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def _test_rows(entries: list[tuple[RunInfo, ResultRecord]]) -> list[tuple[str, ...]]:
+def _counter(result: ResultRecord, name: str) -> str:
+    """One counter of a session as ``history --test`` shows it ("–": not counted)."""
+    from pytest_gputrain.regression import counters
+
+    if name in counters.EXACT:
+        value = counters.exact_value(result, name)
+        text = counters.amount(name, value)
+        return text + " ~" if value is not None and counters.varies(result, name) else text
+    rounds = counters.rounds_of(result, name)
+    return counters.amount(name, min(rounds)) if rounds else "–"
+
+
+def _test_rows(entries: list[tuple[RunInfo, ResultRecord]], counted: bool = False
+               ) -> list[tuple[str, ...]]:
+    """One row per session; with ``counted``, its counters too (sessions saved before the
+    counters existed, or without them, show "–")."""
+    from pytest_gputrain.regression import counters, policy
     from pytest_gputrain.units import format_bytes, format_duration
 
     rows: list[tuple[str, ...]] = []
     for run, result in entries:
         peak = _peak(result)
-        rows.append((str(run.id), run.name, run.created_at, (run.commit or "–")[:10],
-                     str(result.rounds), format_duration(_step(result, "median"), precise=True),
-                     format_duration(_step(result, "iqr"), precise=True),
-                     format_bytes(peak) if peak is not None else "–",
-                     str(result.summary.get("throttled", 0))))
+        kind = counters.bound_of(result)
+        row: tuple[str, ...] = (
+            str(run.id), run.name, run.created_at, (run.commit or "–")[:10], str(result.rounds),
+            format_duration(_step(result, "median"), precise=True),
+            format_duration(_step(result, "iqr"), precise=True),
+            format_bytes(peak) if peak is not None else "–",
+            str(result.summary.get("throttled", 0)))
+        if counted:
+            row += (*(_counter(result, name) for name in SHOWN_COUNTERS),
+                    policy.KIND_WORDS[kind] if result.counters else "–")
+        rows.append(row)
     return rows
 
 
 def _entry_json(run: RunInfo, result: ResultRecord) -> dict[str, Any]:
     return {"run": run.to_json(), "nodeid": result.nodeid, "rounds": result.rounds,
-            "summary": result.summary}
+            "summary": result.summary, "counters": result.counters}
 
 
 def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path) -> None:

@@ -24,7 +24,7 @@ from pytest_gputrain.regression.branch_history import (
 )
 from pytest_gputrain.regression.change_text import format_confidence, format_value, what_changed
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
-from pytest_gputrain.regression.options import METRICS
+from pytest_gputrain.regression.options import TIME_METRICS
 from pytest_gputrain.regression.store import Store
 from pytest_gputrain.regression.store_backends import open_store
 from pytest_gputrain.regression.store_location import Location
@@ -73,7 +73,7 @@ def load(store: Store, args: argparse.Namespace) -> list[Series]:
         raise HistoryError(f"no run saved under the name {args.name!r} in {store.where} "
                            f"(saved: {', '.join(names[:12])})")
     nodeids = [args.test] if args.test else store.nodeids()
-    metrics = tuple(dict.fromkeys(args.metric or METRICS))
+    metrics = tuple(dict.fromkeys(args.metric or TIME_METRICS))
     series = read_series(store, nodeids, name=args.name, limit=args.limit or DEFAULT_LIMIT,
                          metrics=metrics, step_summary=args.step_summary)
     if args.test and not series:

@@ -6,9 +6,17 @@ from __future__ import annotations
 
 from pytest_gputrain.options import Option
 
-# gpu_time: the GPU's own time per step (benchmark.py), measured only where it is gated.
-METRICS = ("step_time", "gpu_time", "peak_vram")
-DEFAULT_REGRESSION = "step_time:5%,peak_vram:2%"
+# gpu_time: the GPU's own time per step (benchmark.py). The counters (counters.py) come from the
+# counting pass after the timed rounds: exact ones, then the host's CPU time and instructions.
+TIME_METRICS = ("step_time", "gpu_time", "peak_vram")
+EXACT_COUNTERS = ("kernels", "syncs", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes",
+                  "allocs", "cuda_mallocs", "ops")
+HOST_COUNTERS = ("host_cpu", "instructions")
+COUNTER_METRICS = EXACT_COUNTERS + HOST_COUNTERS
+METRICS = TIME_METRICS + COUNTER_METRICS
+# The default policy (policy.py): step time and peak VRAM for every test, and by the step's
+# kind its counters (launch-bound, CPU) or its GPU time (GPU-bound).
+DEFAULT_REGRESSION = "auto"
 DEFAULT_ALPHA = 0.01
 # What a "cannot tell" (sessions that could not see a change of the threshold's size) does to the
 # run: nothing (pass), a warning that passes (warn, the default: a pull request is not blocked
@@ -36,8 +44,10 @@ OPTIONS: tuple[Option, ...] = (
             "NAME (its newest run), #ID, or latest; a regression fails the session",
             metavar="NAME|#ID|latest"),
     Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
-            f"pairs, metrics {', '.join(METRICS)} (default {DEFAULT_REGRESSION})",
-            metavar="SPEC"),
+            f"pairs (METRIC:off drops one), metrics {', '.join(METRICS)}; 'auto' (the "
+            "default) is step_time:5%,peak_vram:2% and, by the step's kind, its counters "
+            "(kernels, syncs, copies, allocations: any rise; instructions 1%, host_cpu 2%) "
+            "or gpu_time:1%; e.g. auto,step_time:2%,host_cpu:off", metavar="SPEC"),
     Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
             f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
             kind="float", metavar="ALPHA"),
@@ -68,6 +78,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-benchmark-only", "gpu_benchmark_only", "run only the tests that use "
             "gpu_benchmark: the others are deselected (for a job that only saves or compares "
             "benchmarks)", kind="bool", default=False),
+    Option("--gpu-benchmark-counters", "gpu_benchmark_counters", "gpu_benchmark: count, in "
+            "an untimed pass after the timed rounds, what each step does (kernels, syncs, "
+            "copies, allocations, ATen operators, the host's CPU time and instructions); on by "
+            "default (--no-gpu-benchmark-counters saves the pass's few steps)",
+            kind="bool", default=True),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "
             f"before timing (default 5, at most {MAX_WARMUP})", kind="int", metavar="N"),
     Option("--gpu-benchmark-min-rounds", "gpu_benchmark_min_rounds", "gpu_benchmark: fewest "

@@ -7,14 +7,14 @@ from typing import Any
 
 from tabulate import tabulate
 
-from pytest_gputrain.regression import stats
+from pytest_gputrain.regression import counters, explain, policy, stats
 from pytest_gputrain.regression.benchmark import BenchmarkResult
 from pytest_gputrain.regression.compare import VERDICTS, GateReport, MetricComparison
 from pytest_gputrain.regression.store import runs_label
 from pytest_gputrain.units import format_bytes, format_duration, printable
 
 JSON_KIND = "pytest-gputrain-benchmarks"
-JSON_SCHEMA_VERSION = 2
+JSON_SCHEMA_VERSION = 3  # 3: benchmarks' counters, comparisons' cause/exact/bound, explanations
 COMPARE_HEADERS = ("test", "metric", "sessions (base/cur)", "baseline", "current", "change",
                    "detectable", "p", "verdict")
 BENCH_HEADERS = ("test", "device", "rounds", "median", "IQR", "min", "peak VRAM", "util",
@@ -25,6 +25,8 @@ Line = tuple[str, dict[str, bool]]
 def format_metric(metric: str, value: float | None) -> str:
     if value is None:
         return "–"
+    if metric in counters.COUNTERS:
+        return counters.amount(metric, value)
     if metric == "peak_vram":
         return format_bytes(value)
     return format_duration(value, precise=True)
@@ -68,16 +70,28 @@ def _sessions(comparison: MetricComparison) -> str:
     return text
 
 
+def _change(c: MetricComparison, compared: bool) -> str:
+    """The change: relative, and for an exact counter the difference per step too (a count
+    that was 0 has no relative change)."""
+    if (not compared or c.metric not in counters.EXACT or c.baseline_value is None
+            or c.current_value is None):
+        return format_change(c.change, compared)
+    difference = counters.amount(c.metric, c.current_value - c.baseline_value, signed=True)
+    if c.change is None:
+        return difference
+    return f"{difference} ({format_change(c.change)})" if c.change else "0"
+
+
 def comparison_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in report.comparisons:
         compared = c.verdict not in ("new", "not_comparable", "insufficient_data")
-        detectable = "–" if c.detectable is None else f"{c.detectable * 100:.1f} %"
+        detectable = ("exact" if c.exact else
+                      "–" if c.detectable is None else f"{c.detectable * 100:.1f} %")
         rows.append((c.nodeid, c.metric, _sessions(c),
                      format_metric(c.metric, c.baseline_value),
                      format_metric(c.metric, c.current_value),
-                     format_change(c.change, compared), detectable, format_p(c.p_value),
-                     _verdict(c)))
+                     _change(c, compared), detectable, format_p(c.p_value), _verdict(c)))
     return rows
 
 
@@ -97,16 +111,47 @@ def _measured_gpu_time(report: GateReport) -> bool:
     return any(b.gpu_time is not None for b in report.benchmarks)
 
 
+def _counted(report: GateReport) -> bool:
+    return any(b.counters for b in report.benchmarks)
+
+
+def per_step(counted: dict[str, Any] | None) -> str:
+    """A benchmark's main counters in one cell: ``612 kernels, 0 syncs, host 6.412 ms
+    (launch-bound)``."""
+    if not counted:
+        return "–"
+    found = counted.get("per_step") or {}
+    parts = [f"{counters.amount(name, found[name])} {counters.WORDS[name][1]}"
+             for name in ("kernels", "syncs") if isinstance(found.get(name), int | float)]
+    copies = [found.get(name) for name in ("h2d_copies", "d2h_copies")]
+    if any(isinstance(v, int | float) and v for v in copies):
+        parts.append(f"{counters.amount('h2d_copies', copies[0] or 0)} H2D / "
+                     f"{counters.amount('d2h_copies', copies[1] or 0)} D2H copies")
+    if not parts and isinstance(found.get("ops"), int | float):
+        parts.append(f"{counters.amount('ops', found['ops'])} ATen ops")
+    host = counted.get("host_cpu") or []
+    if host:
+        parts.append(f"host {counters.amount('host_cpu', min(host))}")
+    kind = (counted.get("bound") or {}).get("kind")
+    text = ", ".join(parts) or "–"
+    return f"{text} ({policy.KIND_WORDS.get(kind)})" if kind else text
+
+
 def bench_headers(report: GateReport) -> tuple[str, ...]:
-    """The benchmarks table's columns; "GPU time" where some benchmark measured it."""
-    if not _measured_gpu_time(report):
-        return BENCH_HEADERS
-    return (*BENCH_HEADERS[:6], "GPU time", *BENCH_HEADERS[6:])
+    """The benchmarks table's columns; "GPU time" where some benchmark measured it, "per step"
+    where some was counted."""
+    headers: tuple[str, ...] = BENCH_HEADERS
+    if _measured_gpu_time(report):
+        headers = (*headers[:6], "GPU time", *headers[6:])
+    if _counted(report):
+        headers = (*headers, "per step")
+    return headers
 
 
 def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     gpu_time = _measured_gpu_time(report)
+    counted = _counted(report)
     for b in sorted(report.benchmarks, key=lambda r: r.nodeid):
         util = b.utilization_mean
         row = [b.nodeid, b.device, str(b.rounds), format_duration(b.median, precise=True),
@@ -116,6 +161,8 @@ def benchmark_rows(report: GateReport) -> list[tuple[str, ...]]:
                f"{b.throttled_count}/{b.rounds}" if b.throttled_count else "0"]
         if gpu_time:
             row.insert(6, _gpu_time(b))
+        if counted:
+            row.append(per_step(b.counters))
         rows.append(tuple(row))
     return rows
 
@@ -128,14 +175,30 @@ def headline(report: GateReport) -> str:
     return ", ".join(parts) or "nothing compared"
 
 
+def _threshold(metric: str, threshold: float) -> str:
+    if metric in counters.EXACT and threshold == 0:
+        return f"{metric} any rise"
+    return f"{metric} {threshold * 100:g} %"
+
+
 def _rule(report: GateReport) -> str:
     settings = report.settings
-    gate = ", ".join(f"{m} {t * 100:g} %" for m, t in settings.thresholds.items()) or "–"
+    gate = ", ".join(_threshold(m, t) for m, t in settings.thresholds.items()) or "–"
     summary = ("fastest clean step" if settings.step_summary == "min"
                else "median clean step")
-    return (f"a regression needs a change past the threshold ({gate}) and p < "
+    text = (f"a regression needs a change past the threshold ({gate}) and p < "
             f"{settings.alpha:g} over sessions (t-test on each session's {summary}; spread "
             "between sessions from both sides' repeated sessions and the store's history)")
+    if settings.auto:
+        kinds = []
+        for kind in ("launch", "gpu", "host"):
+            extra = [_threshold(m, t) for m, t in policy.BY_KIND[kind].items()
+                     if m not in settings.thresholds and m not in settings.off]
+            if extra:
+                kinds.append(f"{policy.KIND_WORDS[kind]}: {', '.join(extra)}")
+        text += ("; by the kind of each test's step (the default policy): " + "; ".join(kinds)
+                 + "; an exact counter that rose is a regression on its own evidence")
+    return text
 
 
 def _sides(report: GateReport) -> str:
@@ -161,6 +224,12 @@ def _findings(report: GateReport) -> list[tuple[str, str | None]]:
     for drift in report.drifts:
         found.append((f"DRIFT {drift.nodeid} {drift.metric}: {drift.describe()} (no single "
                       "comparison shows it; not a failure)", "yellow"))
+    failing = {(c.nodeid, c.metric) for c in report.regressions}
+    for x in report.explanations:
+        gated_here = {m for n, m in failing if n == x["nodeid"]} & set(counters.EXACT)
+        if x.get("changes") and not gated_here:
+            found.append((f"counted per step in {x['nodeid']}: {'; '.join(x['changes'])} (not "
+                          "gated for this test's kind of step; the clock judges it)", None))
     untold = report.undecided
     if untold:
         first = untold[0]
@@ -269,6 +338,7 @@ def _markdown_lines(report: GateReport, subheading: str = "###") -> list[str]:
             out.append(f"- {text}")
     elif report.compare_spec:
         out.append(f"No saved run matches `{report.compare_spec}`: nothing compared.")
+    out.extend(explain.markdown(report.explanations, subheading))
     if report.benchmarks:
         out.extend(["", f"{subheading} Benchmarks", "",
                     tabulate(benchmark_rows(report), headers=bench_headers(report),
@@ -302,18 +372,29 @@ def report_section(report: GateReport) -> dict[str, Any]:
         "summary": {v: report.count(v) for v in VERDICTS},
         "cannot_tell": cannot_tell_json(report),
         "comparisons": [c.to_json() for c in report.comparisons],
+        "explanations": list(report.explanations),
         "drifts": [d.to_json() for d in report.drifts],
         "notes": list(report.notes),
         "saved_run_id": report.saved_run.id if report.saved_run else None,
+        "steps": _steps_json(report),
         "markdown": markdown_body(report),
     }
+
+
+def _steps_json(report: GateReport) -> dict[str, dict[str, Any]]:
+    """Each compared test's step times per round (s): ``baseline``, one list per baseline
+    session, and ``current``, this session's. The HTML report's steps lane overlays them."""
+    current = {result.nodeid: list(result.step_time) for result in report.benchmarks}
+    return {nodeid: {"metric": "step_time", "baseline": sessions,
+                     "current": current.get(nodeid, [])}
+            for nodeid, sessions in sorted(report.baseline_steps.items())}
 
 
 def _benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
     record = result.to_record()
     return {"nodeid": record["nodeid"], "device": record["device"], "timer": record["timer"],
             "fingerprint": record["fingerprint"], "summary": record["summary"],
-            "metrics": record["metrics"]}
+            "metrics": record["metrics"], "counters": record["counters"]}
 
 
 def report_json(report: GateReport) -> dict[str, Any]:
@@ -337,6 +418,8 @@ def report_json(report: GateReport) -> dict[str, Any]:
         },
         "settings": {"alpha": report.settings.alpha,
                      "thresholds": report.settings.thresholds,
+                     "policy": policy.AUTO if report.settings.auto else None,
+                     "off": sorted(report.settings.off),
                      "step_summary": report.settings.step_summary,
                      "cannot_tell": report.settings.cannot_tell,
                      "force": report.settings.force, "compare": report.compare_spec},
@@ -347,6 +430,7 @@ def report_json(report: GateReport) -> dict[str, Any]:
         "benchmarks": [_benchmark_json(b) for b in sorted(report.benchmarks,
                                                             key=lambda r: r.nodeid)],
         "comparisons": [c.to_json() for c in report.comparisons],
+        "explanations": list(report.explanations),
         "drifts": [d.to_json() for d in report.drifts],
         "summary": {v: report.count(v) for v in VERDICTS},
         "cannot_tell": cannot_tell_json(report),

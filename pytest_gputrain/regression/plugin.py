@@ -73,12 +73,15 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
     CUDA events on the current stream (``time.perf_counter`` on the CPU), a warm-up, then 30 to
     100 rounds (ini ``gpu_benchmark_*``), with nothing else on the host between rounds; NVML is
     sampled by a thread (utilization, SM clock, throttling per round) and the peak VRAM read at
-    the two synchronisations; with ``gpu_time`` in ``--gpu-regression`` (or ``gpu_time=True``)
-    also the GPU's own time per step, queued rounds behind a spin kernel. Returns a
-    ``BenchmarkResult`` (``.median``, ``.iqr``,
-    ``.peak_vram_max``, ``.throttled_count``, ``.conditions``...). Results of passing tests feed
-    ``--gpu-save`` and ``--gpu-compare``. Under ``--gpu-benchmark-disable`` the step runs once,
-    untimed (``.disabled``).
+    the two synchronisations; with ``gpu_time`` in ``--gpu-regression`` or under its default
+    policy (or ``gpu_time=True``) also the GPU's own time per step, queued rounds behind a spin
+    kernel; then, untimed, the counting pass (kernels, syncs, copies, allocations, ATen
+    operators, the host's CPU time and instructions per step; ``counters=False`` or
+    ``--no-gpu-benchmark-counters`` leaves it out; ``bound="launch"`` or ``"gpu"`` states the
+    step's kind for the default policy). Returns a ``BenchmarkResult`` (``.median``, ``.iqr``,
+    ``.peak_vram_max``, ``.throttled_count``, ``.conditions``, ``.counters``...). Results of
+    passing tests feed ``--gpu-save`` and ``--gpu-compare``. Under ``--gpu-benchmark-disable``
+    the step runs once, untimed (``.disabled``).
     """
     from pytest_gputrain.regression.benchmark import BenchmarkOptions, GpuBenchmark
 
@@ -89,8 +92,11 @@ def gpu_benchmark(request: pytest.FixtureRequest) -> GpuBenchmark:
                                      max_rounds=settings.max_rounds, max_time=settings.max_time)
     except ValueError as exc:
         raise pytest.UsageError(f"gpu_benchmark_*: {exc}") from None
+    # The default policy gates a GPU-bound step's GPU time: measured wherever it may be gated.
+    gpu_time = "gpu_time" in settings.thresholds or (settings.auto
+                                                     and "gpu_time" not in settings.off)
     bench = GpuBenchmark(request.node.nodeid, defaults, disabled=settings.disable,
-                         gpu_time="gpu_time" in settings.thresholds)
+                         gpu_time=gpu_time, counters=settings.counters)
     request.node.stash[BENCHMARK_KEY] = bench
     return bench
 

@@ -21,7 +21,7 @@ import contextlib
 import os
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # Conditions that, when they differ between the sides, make the sides unlike.
@@ -56,6 +56,20 @@ def watch_profiler() -> bool:
     setattr(enable_profiler, _WATCH_MARK, True)
     setattr(module, "_enable_profiler", enable_profiler)  # noqa: B010 (a module global)
     return True
+
+
+@contextlib.contextmanager
+def own_profiler() -> Iterator[None]:
+    """Around the gate's own counting pass: a profiler it starts that detached CUPTI when it
+    stopped (``TEARDOWN_CUPTI=1``) leaves nothing behind, and is not "a profiler before" the
+    later benchmarks of the process; one that could not detach it is."""
+    global _profiler_started
+    before = _profiler_started
+    try:
+        yield
+    finally:
+        if os.environ.get("TEARDOWN_CUPTI") == "1":
+            _profiler_started = before
 
 
 def profiler_ran() -> bool | None:

@@ -15,7 +15,14 @@ from typing import Any
 
 import pytest
 
-from pytest_gputrain.options import parse_choice, read, read_with_base, resolve_path
+from pytest_gputrain.options import (
+    given_as,
+    parse_choice,
+    read,
+    read_with_base,
+    resolve_path,
+    usage_error,
+)
 from pytest_gputrain.regression.options import (
     CANNOT_TELL,
     DEFAULT_ALPHA,
@@ -30,10 +37,13 @@ from pytest_gputrain.regression.options import (
 )
 from pytest_gputrain.regression.store_location import Location, resolve_store
 
-# DEFAULT_REGRESSION parsed, so that a run that sets no threshold loads no parser (a test checks
-# that the two agree).
+# DEFAULT_REGRESSION ("auto") parsed, so that a run that sets no threshold loads no parser (a
+# test checks that the two agree): the thresholds every test keeps (policy.BASE).
 DEFAULT_THRESHOLDS = {"step_time": 0.05, "peak_vram": 0.02}
-REGRESSION_EXAMPLE = '--gpu-regression="step_time:5%,peak_vram:2%" (a metric may be "off")'
+# A value, not an option: the error names the option as it was given (a flag, an ini name, or
+# the compare command's --regression) before it.
+REGRESSION_EXAMPLE = ('"auto,step_time:2%" or "step_time:5%,kernels:0,syncs:0,host_cpu:2%" '
+                      '(a metric may be "off")')
 # How one session's step time is summarised: its fastest clean round (interference from the host
 # or a neighbour only ever adds time, so the fastest round is the step's own cost), or the median.
 STEP_SUMMARIES = ("min", "median")
@@ -44,11 +54,25 @@ LOOKBACK_HINT = ("gpu_lookback needs ruptures: pip install 'pytest-gputrain[chan
 
 
 @dataclass(frozen=True)
+class RegressionSpec:
+    """``--gpu-regression`` read: the thresholds named (with ``auto``, the policy's base ones
+    too), whether the default policy adds each test's own metrics (``policy.py``), and the
+    metrics turned off."""
+
+    thresholds: dict[str, float]
+    auto: bool = False
+    off: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
 class RegressionSettings:
     save: str | None = None
     compare: str | None = None
     thresholds: dict[str, float] = field(
         default_factory=lambda: {"step_time": 0.05, "peak_vram": 0.02})
+    auto: bool = True  # the default policy adds each test's metrics by the kind of its step
+    off: frozenset[str] = frozenset()  # metrics the spec turned off
+    counters: bool = True  # the counting pass after the timed rounds
     alpha: float = DEFAULT_ALPHA
     step_summary: str = DEFAULT_STEP_SUMMARY
     force: bool = False
@@ -69,48 +93,62 @@ class RegressionSettings:
         return bool(self.save or self.compare)
 
 
-def _usage(ini: str, flag: str, message: str) -> pytest.UsageError:
-    return pytest.UsageError(f"{ini} / {flag}: {message}")
-
-
 def parse_thresholds(text: str) -> dict[str, float]:
-    """``"step_time:5%,peak_vram:2%"`` -> ``{"step_time": 0.05, "peak_vram": 0.02}``.
+    """``"step_time:5%,peak_vram:2%"`` -> ``{"step_time": 0.05, "peak_vram": 0.02}``: the
+    thresholds of ``parse_spec``."""
+    return parse_spec(text).thresholds
 
-    Only the metrics named are gated (``METRIC:off`` is accepted and gates nothing).
+
+def parse_spec(text: str) -> RegressionSpec:
+    """``"auto,step_time:2%,host_cpu:off"`` or ``"step_time:5%,kernels:0"``, read.
+
+    Without ``auto`` only the metrics named are gated (``METRIC:off`` is accepted and gates
+    nothing); with it, the default policy's too (``policy.py``), less those turned off.
     Raises ``ValueError`` naming the bad part.
     """
+    from pytest_gputrain.regression.policy import AUTO, BASE
+
     thresholds: dict[str, float] = {}
+    off: set[str] = set()
     seen: set[str] = set()
+    auto = False
     items = [item.strip() for item in str(text).split(",")]
     if not any(items):
-        raise ValueError(f"{text!r} names no metric; expected e.g. {REGRESSION_EXAMPLE}")
+        raise ValueError(f"{text!r} names no metric; e.g. {REGRESSION_EXAMPLE}")
     if len(items) == 1 and items[0].lower() in ("off", "none"):
-        return thresholds
+        return RegressionSpec({})
     for item in items:
         if not item:
+            continue
+        if item.lower() == AUTO:
+            if auto:
+                raise ValueError(f"'auto' appears twice in {text!r}")
+            auto = True
             continue
         metric, sep, value = item.partition(":")
         metric, value = metric.strip(), value.strip()
         if not sep or not metric or not value:
-            raise ValueError(f"{item!r} in {text!r} is not METRIC:PERCENT; expected e.g. "
-                             f"{REGRESSION_EXAMPLE}")
+            raise ValueError(f"{item!r} is not METRIC:PERCENT; e.g. {REGRESSION_EXAMPLE}")
         if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r} in {text!r} (known: "
-                             f"{', '.join(METRICS)}); expected e.g. {REGRESSION_EXAMPLE}")
+            raise ValueError(f"unknown metric {metric!r} (known: {', '.join(METRICS)}); e.g. "
+                             f"{REGRESSION_EXAMPLE}")
         if metric in seen:
-            raise ValueError(f"metric {metric!r} appears twice in {text!r}")
+            raise ValueError(f"metric {metric!r} appears twice in {text!r}; e.g. "
+                             f"{REGRESSION_EXAMPLE}")
         seen.add(metric)
         if value.lower() in ("off", "none", "ignore"):
-            thresholds.pop(metric, None)
+            off.add(metric)
             continue
-        try:
-            from pytest_gputrain.units import parse_percent
+        from pytest_gputrain.units import parse_percent
 
+        try:
             thresholds[metric] = parse_percent(value) / 100
-        except ValueError as exc:
-            raise ValueError(f"{item!r} in {text!r}: {exc}; expected e.g. "
+        except ValueError:  # one clause: the item, what it should be, an example
+            raise ValueError(f"{value!r} in {item!r} is not a percentage from 0 to 100; e.g. "
                              f"{REGRESSION_EXAMPLE}") from None
-    return thresholds
+    if auto:
+        thresholds = {**{m: t for m, t in BASE.items() if m not in off}, **thresholds}
+    return RegressionSpec(thresholds, auto, frozenset(off))
 
 
 def parse_alpha(value: object) -> float:
@@ -147,30 +185,30 @@ def parse_run_name(value: object, *, for_save: bool) -> str:
     return text
 
 
-def _number(config: pytest.Config, ini: str, flag: str, kind: type, minimum: float,
-            maximum: float, example: str) -> Any:
+def _number(config: pytest.Config, ini: str, kind: type, minimum: float, maximum: float,
+            example: str) -> Any:
     raw = read(config, ini)
     if raw is None or str(raw).strip() == "":
         return None
     text = str(raw).strip()
     from pytest_gputrain.units import shown  # only where a value is set
 
-    out_of_range = _usage(ini, flag, f"{shown(raw)} must lie between {minimum:g} and "
+    out_of_range = usage_error(config, ini, f"{shown(raw)} must lie between {minimum:g} and "
                           f"{maximum:g}; e.g. {example}")
     if kind is int and len(text.lstrip("+-")) > len(str(int(maximum))):
         raise out_of_range  # before int(), which refuses 4300 digits and is slow well before
     try:
         value = kind(text)
     except ValueError:
-        raise _usage(ini, flag, f"{shown(raw)} is not a number; e.g. {example}") from None
+        raise usage_error(config, ini, f"{shown(raw)} is not a number; e.g. {example}") from None
     if isinstance(value, float) and not math.isfinite(value):
-        raise _usage(ini, flag, f"{shown(raw)} is not a finite number; e.g. {example}")
+        raise usage_error(config, ini, f"{shown(raw)} is not a finite number; e.g. {example}")
     if not minimum <= value <= maximum:
         raise out_of_range
     return value
 
 
-def _path(config: pytest.Config, ini: str, flag: str) -> Path | None:
+def _path(config: pytest.Config, ini: str) -> Path | None:
     """A path option, relative to where its value came from (``options.read_with_base``)."""
     text, base = read_with_base(config, ini)
     if not text:
@@ -178,7 +216,7 @@ def _path(config: pytest.Config, ini: str, flag: str) -> Path | None:
     try:
         return resolve_path(str(text), base)
     except ValueError as exc:
-        raise _usage(ini, flag, str(exc)) from None
+        raise usage_error(config, ini, str(exc)) from None
 
 
 def read_settings(config: pytest.Config) -> RegressionSettings:
@@ -186,72 +224,71 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
     try:
         save = parse_run_name(save_raw, for_save=True) if save_raw else None
     except ValueError as exc:
-        raise _usage("gpu_save", "--gpu-save", str(exc)) from None
+        raise usage_error(config, "gpu_save", str(exc)) from None
     try:
         compare = parse_run_name(compare_raw, for_save=False) if compare_raw else None
     except ValueError as exc:
-        raise _usage("gpu_compare", "--gpu-compare", str(exc)) from None
-    spec = read(config, "gpu_regression")
+        raise usage_error(config, "gpu_compare", str(exc)) from None
+    spec_text = read(config, "gpu_regression")
     try:
-        thresholds = parse_thresholds(spec) if spec not in (None, "") else \
-            dict(DEFAULT_THRESHOLDS)
+        spec = (parse_spec(spec_text) if spec_text not in (None, "") else
+                RegressionSpec(dict(DEFAULT_THRESHOLDS), auto=True))
     except ValueError as exc:
-        raise _usage("gpu_regression", "--gpu-regression", str(exc)) from None
+        raise usage_error(config, "gpu_regression", str(exc)) from None
     alpha_raw = read(config, "gpu_alpha")
     try:
         alpha = parse_alpha(alpha_raw) if alpha_raw not in (None, "") else DEFAULT_ALPHA
     except ValueError as exc:
-        raise _usage("gpu_alpha", "--gpu-alpha", str(exc)) from None
+        raise usage_error(config, "gpu_alpha", str(exc)) from None
     summary_raw = read(config, "gpu_step_summary")
     try:
         step_summary = (parse_step_summary(summary_raw) if summary_raw not in (None, "")
                         else DEFAULT_STEP_SUMMARY)
     except ValueError as exc:
-        raise _usage("gpu_step_summary", "--gpu-step-summary", str(exc)) from None
+        raise usage_error(config, "gpu_step_summary", str(exc)) from None
     policy_raw = read(config, "gpu_cannot_tell")
     try:
         cannot_tell = (parse_cannot_tell(policy_raw) if policy_raw not in (None, "")
                        else DEFAULT_CANNOT_TELL)
     except ValueError as exc:
-        raise _usage("gpu_cannot_tell", "--gpu-cannot-tell", str(exc)) from None
+        raise usage_error(config, "gpu_cannot_tell", str(exc)) from None
     store = _store(config)
-    warmup = _number(config, "gpu_benchmark_warmup", "--gpu-benchmark-warmup", int, 0,
+    warmup = _number(config, "gpu_benchmark_warmup", int, 0,
                      MAX_WARMUP, "5")
-    min_rounds = _number(config, "gpu_benchmark_min_rounds", "--gpu-benchmark-min-rounds", int,
-                         1, MAX_ROUNDS, "30")
-    max_rounds = _number(config, "gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds", int,
-                         1, MAX_ROUNDS, "100")
-    max_time = _number(config, "gpu_benchmark_max_time", "--gpu-benchmark-max-time", float,
-                       1e-6, MAX_TIME_S, "5")
+    min_rounds = _number(config, "gpu_benchmark_min_rounds", int, 1, MAX_ROUNDS, "30")
+    max_rounds = _number(config, "gpu_benchmark_max_rounds", int, 1, MAX_ROUNDS, "100")
+    max_time = _number(config, "gpu_benchmark_max_time", float, 1e-6, MAX_TIME_S, "5")
     if min_rounds is not None and max_rounds is not None and max_rounds < min_rounds:
-        raise _usage("gpu_benchmark_max_rounds", "--gpu-benchmark-max-rounds",
-                     f"{max_rounds} is below gpu_benchmark_min_rounds {min_rounds}; e.g. "
-                     "min 30, max 100")
-    lookback = _number(config, "gpu_lookback", "--gpu-lookback", int, MIN_LOOKBACK,
-                       MAX_LOOKBACK, "30")
+        raise usage_error(config, "gpu_benchmark_max_rounds",
+                          f"{max_rounds} is below {given_as(config, 'gpu_benchmark_min_rounds')}"
+                          f" {min_rounds}; e.g. min 30, max 100")
+    lookback = _number(config, "gpu_lookback", int, MIN_LOOKBACK, MAX_LOOKBACK, "30")
     if lookback and compare:
         import importlib.util
 
         if importlib.util.find_spec("ruptures") is None:
-            raise _usage("gpu_lookback", "--gpu-lookback", LOOKBACK_HINT)
+            raise usage_error(config, "gpu_lookback", LOOKBACK_HINT)
     disable = bool(read(config, "gpu_benchmark_disable"))
     skip = bool(read(config, "gpu_benchmark_skip"))
     only = bool(read(config, "gpu_benchmark_only"))
-    _check_untimed(disable, skip, save, compare)
+    _check_untimed(config, disable, skip, save, compare)
     if skip and only:
-        raise _usage("gpu_benchmark_only", "--gpu-benchmark-only",
-                     "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
-                     "runs only the tests that use gpu_benchmark, the other skips them)")
-    json_path = _path(config, "gpu_benchmark_json", "--gpu-benchmark-json")
+        raise usage_error(config, "gpu_benchmark_only",
+                          f"cannot be combined with {given_as(config, 'gpu_benchmark_skip')} "
+                          "(one runs only the tests that use gpu_benchmark, the other skips "
+                          "them)")
+    json_path = _path(config, "gpu_benchmark_json")
     written_store = store if isinstance(store, Path) and (save or compare) else None
     if json_path or written_store:  # loaded only then: a plain run does not pay for it
         from pytest_gputrain import outputs
 
-        outputs.claim(config, "gpu_benchmark_json / --gpu-benchmark-json",
+        outputs.claim(config, given_as(config, "gpu_benchmark_json"),
                       [json_path] if json_path else [])
-        outputs.claim(config, "gpu_store / --gpu-store", [written_store] if written_store else [])
+        outputs.claim(config, given_as(config, "gpu_store"),
+                      [written_store] if written_store else [])
     return RegressionSettings(
-        save=save, compare=compare, thresholds=thresholds, alpha=alpha,
+        save=save, compare=compare, thresholds=spec.thresholds, auto=spec.auto, off=spec.off,
+        counters=read(config, "gpu_benchmark_counters") is not False, alpha=alpha,
         step_summary=step_summary, cannot_tell=cannot_tell,
         force=bool(read(config, "gpu_compare_force")), lookback=lookback,
         json_path=json_path, store=store,
@@ -267,18 +304,19 @@ def _store(config: pytest.Config) -> Location:
     try:
         return resolve_store(value, base, Path(config.rootpath))
     except ValueError as exc:
-        raise _usage("gpu_store", "--gpu-store", str(exc)) from None
+        raise usage_error(config, "gpu_store", str(exc)) from None
 
 
-def _check_untimed(disable: bool, skip: bool, save: str | None, compare: str | None) -> None:
+def _check_untimed(config: pytest.Config, disable: bool, skip: bool, save: str | None,
+                   compare: str | None) -> None:
     """Untimed or skipped benchmarks give nothing to save or compare: say so up front."""
     if disable and skip:
-        raise _usage("gpu_benchmark_disable", "--gpu-benchmark-disable",
-                     "cannot be combined with gpu_benchmark_skip / --gpu-benchmark-skip (one "
-                     "runs the benchmarked steps untimed, the other skips those tests)")
-    for on, ini, flag in ((disable, "gpu_benchmark_disable", "--gpu-benchmark-disable"),
-                          (skip, "gpu_benchmark_skip", "--gpu-benchmark-skip")):
+        raise usage_error(config, "gpu_benchmark_disable",
+                          f"cannot be combined with {given_as(config, 'gpu_benchmark_skip')} "
+                          "(one runs the benchmarked steps untimed, the other skips those "
+                          "tests)")
+    for on, ini in ((disable, "gpu_benchmark_disable"), (skip, "gpu_benchmark_skip")):
         if on and (save or compare):
-            used = "gpu_save / --gpu-save" if save else "gpu_compare / --gpu-compare"
-            raise _usage(ini, flag, f"measures nothing, so {used} would have nothing to save "
-                         "or compare; drop one of the two")
+            used = given_as(config, "gpu_save" if save else "gpu_compare")
+            raise usage_error(config, ini, f"measures nothing, so {used} would have nothing to "
+                              "save or compare; drop one of the two")

@@ -90,6 +90,7 @@ class ResultRecord:
     summary: dict[str, Any]
     created_at: str = ""
     run_id: int | None = None
+    counters: dict[str, Any] | None = None  # the counting pass (collect.step_counters)
 
 
 class Writer(Protocol):
@@ -106,13 +107,13 @@ _RUN_COLUMNS = ("SELECT r.id, r.name, r.created_at, r.fingerprint, r.fingerprint
                 "r.git_commit, (SELECT COUNT(*) FROM results s WHERE s.run_id = r.id) "
                 "FROM runs r")
 _RESULT_COLUMNS = ("SELECT nodeid, fingerprint, fingerprint_hash, rounds, metrics, summary, "
-                   "created_at, run_id FROM results")
+                   "created_at, run_id, counters FROM results")
 _UPSERT_RESULT = (
     "INSERT INTO results (run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds, "
-    "metrics, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, nodeid) DO UPDATE "
-    "SET created_at = excluded.created_at, fingerprint = excluded.fingerprint, "
+    "metrics, summary, counters) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, nodeid) "
+    "DO UPDATE SET created_at = excluded.created_at, fingerprint = excluded.fingerprint, "
     "fingerprint_hash = excluded.fingerprint_hash, rounds = excluded.rounds, "
-    "metrics = excluded.metrics, summary = excluded.summary"
+    "metrics = excluded.metrics, summary = excluded.summary, counters = excluded.counters"
 )
 
 
@@ -275,8 +276,9 @@ _LEFT_ALONE = "; it was left untouched. Set gpu_store / --gpu-store to another s
 
 
 def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str) -> str:
-    """"ours", or ``StoreError`` for a marker of another program, a newer schema or missing
-    tables: the same rules for every backend."""
+    """"ours" (``SCHEMA_VERSION``), "older" (a schema this version upgrades when it opens the
+    store), or ``StoreError`` for a marker of another program, a newer schema or missing tables:
+    the same rules for every backend."""
     if len(rows) != 1 or rows[0][0] != APPLICATION:
         raise StoreError(f"{where}: unrecognised {MARKER_TABLE} marker {list(rows)!r}"
                          + _LEFT_ALONE)
@@ -292,7 +294,16 @@ def classify_marker(rows: Sequence[Sequence[Any]], tables: set[str], where: str)
     if version < 1 or not DATA_TABLES.issubset(tables):
         raise StoreError(f"{where}: damaged pytest-gputrain store (schema {version}, tables "
                          f"{sorted(tables)}); it was left untouched")
-    return "ours"
+    return "ours" if version == SCHEMA_VERSION else "older"
+
+
+def upgrade_failed(where: str, version: int, exc: BaseException) -> StoreError:
+    """The store of an older schema could not be upgraded: nothing was changed."""
+    return StoreError(f"{where}: this pytest-gputrain upgrades stores of schema {version} to "
+                      f"{SCHEMA_VERSION} (a column for the per-step counters; nothing saved is "
+                      f"changed), and the upgrade failed: {exc}. The store was left as it was; "
+                      "open it where it can be written, or set gpu_store / --gpu-store to "
+                      "another store")
 
 
 def _insert_run(writer: Writer, name: str, fingerprint: dict[str, Any], fingerprint_hash: str,
@@ -308,7 +319,8 @@ def _insert_result(writer: Writer, run_id: int, record: ResultRecord) -> None:
     writer.execute(_UPSERT_RESULT, (
         run_id, record.nodeid, record.created_at or now(),
         json.dumps(record.fingerprint, sort_keys=True), record.fingerprint_hash, record.rounds,
-        json.dumps(record.metrics), json.dumps(record.summary)))
+        json.dumps(record.metrics), json.dumps(record.summary),
+        None if record.counters is None else json.dumps(record.counters)))
 
 
 def _run(row: Sequence[Any]) -> RunInfo:
@@ -321,4 +333,5 @@ def _result(row: Sequence[Any]) -> ResultRecord:
     return ResultRecord(nodeid=str(row[0]), fingerprint=json.loads(row[1]),
                         fingerprint_hash=str(row[2]), rounds=int(row[3]),
                         metrics=json.loads(row[4]), summary=json.loads(row[5]),
-                        created_at=str(row[6]), run_id=int(row[7]))
+                        created_at=str(row[6]), run_id=int(row[7]),
+                        counters=None if row[8] is None else json.loads(row[8]))

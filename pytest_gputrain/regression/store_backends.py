@@ -13,8 +13,8 @@ from pytest_gputrain.regression.store_location import Location, is_url
 
 
 def inspect(location: Location) -> str:
-    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
-    Reads only."""
+    """"missing", "empty" (safe to initialise), "ours" or "older" (ours, of a schema that
+    opening it upgrades); ``StoreError`` for anything else. Reads only."""
     if is_url(location):
         from pytest_gputrain.regression import store_postgres
 

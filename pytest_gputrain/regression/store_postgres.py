@@ -5,7 +5,9 @@ query, e.g. ``?sslmode=require``; the password best from ``PGPASSWORD`` or ``~/.
 than the URL). The tables live in their own schema, ``gputrain``, so the database may hold
 anything else. The rules are those of the SQLite file: a ``gputrain`` schema that is missing or
 has no tables is initialised; one with tables but no ``gputrain_schema`` marker (someone else's),
-a marker of a newer schema, or missing tables is refused and left untouched.
+a marker of a newer schema, or missing tables is refused and left untouched; one of an older
+schema of ours is upgraded when it is opened, in one transaction, under the same advisory lock
+as the initialisation (``store_schema.migration_statements``: nothing saved changes).
 
 Initialisation takes a transaction-level advisory lock, so runners that start at once create
 the schema once; every write is one transaction, retried on a serialization failure or a
@@ -27,6 +29,7 @@ from pytest_gputrain.regression.store import (
     Writer,
     classify_marker,
     now,
+    upgrade_failed,
 )
 from pytest_gputrain.regression.store_location import describe
 from pytest_gputrain.regression.store_schema import (
@@ -35,6 +38,7 @@ from pytest_gputrain.regression.store_schema import (
     Dialect,
     create_statements,
     insert_marker,
+    migration_statements,
 )
 from pytest_gputrain.regression.store_wait import WaitNotice, longest_wait
 
@@ -116,8 +120,8 @@ def _classify(connection: psycopg.Connection[Any], where: str) -> str:
 
 
 def inspect(url: str) -> str:
-    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
-    Reads only."""
+    """"missing", "empty" (safe to initialise), "ours" or "older" (ours, of a schema ``open``
+    upgrades); ``StoreError`` for anything else. Reads only."""
     psycopg = _psycopg()
     connection = connect(url)
     try:
@@ -159,8 +163,14 @@ class PostgresStore(Store):
             if state == "missing" and not create:
                 raise StoreError(f"no benchmark store in {store.where} (no {SCHEMA_NAME!r} "
                                  "schema; save a run first: --gpu-save=NAME)")
-            if state != "ours":
+            if state in ("missing", "empty"):
                 store._write(lambda _: store._initialise())
+            elif state == "older":
+                version = store._version()
+                try:
+                    store._write(lambda _: store._initialise())
+                except StoreError as exc:
+                    raise upgrade_failed(store.where, version, exc) from None
         except StoreError:
             connection.close()
             raise
@@ -170,16 +180,27 @@ class PostgresStore(Store):
         return store
 
     def _initialise(self) -> None:
-        """Create the schema under an advisory lock (inside ``_write``'s transaction), after
-        checking again: another runner may have created it meanwhile."""
+        """Create the schema, or upgrade an older one, under an advisory lock (inside
+        ``_write``'s transaction), after checking again: another runner may have done it
+        meanwhile."""
         self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (INIT_LOCK,))
-        if _classify(self._connection, self.where) == "ours":
+        state = _classify(self._connection, self.where)
+        if state == "ours":
+            return
+        if state == "older":
+            for statement in migration_statements(DIALECT, self._version()):
+                self._connection.execute(statement)
             return
         self._connection.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA_NAME}")
         for statement in create_statements(DIALECT):
             self._connection.execute(statement)
         self._connection.execute(_sql(insert_marker(DIALECT)),
                                  (APPLICATION, SCHEMA_VERSION, now()))
+
+    def _version(self) -> int:
+        row = self._connection.execute(
+            f"SELECT version FROM {DIALECT.prefix}{MARKER_TABLE}").fetchone()
+        return int(row[0]) if row is not None else 0
 
     def close(self) -> None:
         self._connection.close()

@@ -5,17 +5,20 @@ Three tables (PostgreSQL keeps them in its own schema, ``gputrain``)::
     gputrain_schema (application, version, created_at)   the marker: which program, which schema
     runs    (id, name, created_at, fingerprint, fingerprint_hash, git_commit)
     results (id, run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds,
-             metrics  -- JSON: per-round arrays {"step_time": [...], "throttled": [...], ...}
-             summary) -- JSON: medians, spreads, throttled count, device, timer, conditions
+             metrics,  -- JSON: per-round arrays {"step_time": [...], "throttled": [...], ...}
+             summary,  -- JSON: medians, spreads, throttled count, device, timer, conditions
+             counters) -- JSON or NULL: the per-step counters of the counting pass (schema 2)
 
-The names are what stores already written hold: a change here is a new ``SCHEMA_VERSION``.
+The names are what stores already written hold: a change here is a new ``SCHEMA_VERSION`` and
+an entry in ``MIGRATIONS``, which brings a store of the version before up to it, adding what
+is new and changing nothing already saved (``migration_statements``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MARKER_TABLE = "gputrain_schema"
 
 
@@ -65,6 +68,7 @@ TABLES: tuple[Table, ...] = (
         Column("rounds", "integer"),
         Column("metrics", "text"),
         Column("summary", "text"),
+        Column("counters", "text", nullable=True),
     ), unique=("run_id", "nodeid")),
 )
 INDEXES: tuple[Index, ...] = (
@@ -73,6 +77,21 @@ INDEXES: tuple[Index, ...] = (
 )
 # The tables a store of ours must hold besides the marker.
 DATA_TABLES = frozenset(table.name for table in TABLES if table.name != MARKER_TABLE)
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    """A column added to a table (nullable: the rows already saved get NULL in it)."""
+
+    table: str
+    column: Column
+
+
+# Each version's way up from the one before: version -> what turns a store of version - 1 into
+# one of this version.
+MIGRATIONS: dict[int, tuple[AddColumn, ...]] = {
+    2: (AddColumn("results", Column("counters", "text", nullable=True)),),
+}
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,21 @@ def create_statements(dialect: Dialect) -> list[str]:
             f"CREATE TABLE IF NOT EXISTS {dialect.prefix}{table.name} (\n    {body}\n)")
     statements.extend(f"CREATE INDEX IF NOT EXISTS {index.name} ON "
                       f"{dialect.prefix}{index.table}({index.column})" for index in INDEXES)
+    return statements
+
+
+def migration_statements(dialect: Dialect, version: int) -> list[str]:
+    """The statements that bring a store of ``version`` up to ``SCHEMA_VERSION``, in order,
+    the marker's version last."""
+    statements = []
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        for change in MIGRATIONS[step]:
+            if not change.column.nullable:
+                raise ValueError(f"schema {step} adds {change.column.name} NOT NULL: the rows "
+                                 "already saved would have no value for it")
+            statements.append(f"ALTER TABLE {dialect.prefix}{change.table} ADD COLUMN "
+                              f"{_column(change.column, dialect)}")
+    statements.append(f"UPDATE {dialect.prefix}{MARKER_TABLE} SET version = {SCHEMA_VERSION}")
     return statements
 
 

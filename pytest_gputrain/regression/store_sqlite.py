@@ -3,7 +3,10 @@
 The file is recognised before anything is written to it: a file that is not SQLite, an SQLite
 database without our marker (someone else's data), one written by a newer schema, or a corrupt
 one is refused with ``StoreError`` and left byte-for-byte untouched. Only a missing file or an
-empty one (no tables) is initialised; the header's ``application_id`` is set too.
+empty one (no tables) is initialised; the header's ``application_id`` is set too. A store of an
+older schema of ours is upgraded when it is opened, in one transaction
+(``store_schema.migration_statements``): nothing saved changes, and a failed upgrade changes
+nothing at all.
 
 Several processes may write at once (parallel CI jobs on one host, ``multiprocessing`` writers):
 WAL journal, a busy timeout, retries with backoff on "database is locked", and one transaction per
@@ -32,6 +35,7 @@ from pytest_gputrain.regression.store import (
     Writer,
     classify_marker,
     now,
+    upgrade_failed,
 )
 from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
@@ -39,6 +43,7 @@ from pytest_gputrain.regression.store_schema import (
     Dialect,
     create_statements,
     insert_marker,
+    migration_statements,
 )
 from pytest_gputrain.regression.store_wait import WaitNotice, longest_wait
 
@@ -62,7 +67,8 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
 
 
 def inspect(path: Path) -> str:
-    """"missing", "empty" (safe to initialise) or "ours"; ``StoreError`` for anything else.
+    """"missing", "empty" (safe to initialise), "ours" or "older" (ours, of a schema ``open``
+    upgrades); ``StoreError`` for anything else.
 
     Reads only: the header bytes, then a read-only SQLite connection. Never writes.
     """
@@ -171,8 +177,10 @@ class SqliteStore(Store):
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             connection.execute("PRAGMA foreign_keys = ON")
-            if state != "ours":
+            if state in ("missing", "empty"):
                 store._retry(store._initialise)
+            elif state == "older":
+                store._retry(store._upgrade)
             store._retry(store._use_wal)
         except StoreError:
             connection.close()
@@ -185,12 +193,39 @@ class SqliteStore(Store):
     def _initialise(self) -> None:
         with self._transaction() as connection:
             # Re-check under the write lock: another process may have initialised it meanwhile.
-            if _classify(connection, self.path) == "ours":
+            state = _classify(connection, self.path)
+            if state == "ours":
+                return
+            if state == "older":
+                self._migrate(connection)
                 return
             connection.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             for statement in create_statements(DIALECT):
                 connection.execute(statement)
             connection.execute(insert_marker(DIALECT), (APPLICATION, SCHEMA_VERSION, now()))
+
+    def _upgrade(self) -> None:
+        """Bring a store of an older schema up to this one, in one transaction."""
+        try:
+            with self._transaction() as connection:
+                if _classify(connection, self.path) == "older":  # not upgraded meanwhile
+                    self._migrate(connection)
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise  # another writer: _retry tries again
+            raise upgrade_failed(str(self.path), self._version(), exc) from None
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        version = int(connection.execute(f"SELECT version FROM {MARKER_TABLE}").fetchone()[0])
+        for statement in migration_statements(DIALECT, version):
+            connection.execute(statement)
+
+    def _version(self) -> int:
+        try:
+            return int(self._connection.execute(
+                f"SELECT version FROM {MARKER_TABLE}").fetchone()[0])
+        except (sqlite3.Error, TypeError):
+            return 0
 
     def _use_wal(self) -> None:
         mode = self._connection.execute("PRAGMA journal_mode").fetchone()[0]

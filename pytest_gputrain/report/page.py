@@ -1,9 +1,11 @@
 """What the HTML report shows, worked out from the report and the facts, before any HTML.
 
 ``build_page`` takes what the JSON report holds (the environment, the findings, the sections)
-and the records of the facts file, and gives the session (environment, GPUs with their health,
-findings by code, the slowest and most memory-hungry tests), each test (outcome, findings,
-timeline data), the ladders and the benchmark comparisons. A pytest session also passes each
+and the records of the facts file, and gives the verdict (``triage.headline``), the session
+(environment, GPUs with their health, findings by code, the slowest and most memory-hungry
+tests), each test (outcome, its row of the summary table, findings with where on the timeline
+each happened, the timeline's lanes), what the rules say once for every test they fire on, the
+ladders and the benchmark comparisons. A pytest session also passes each
 test's outcome; a replay of a facts file derives it from the records (a test with a failure
 record failed). Records are read as the facts file keeps them (plain JSON).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,8 +23,21 @@ from typing import TYPE_CHECKING, Any
 from pytest_gputrain.facts import DeviceFacts, FactsFile, device_subject
 from pytest_gputrain.findings import Finding
 from pytest_gputrain.report.model import Report
+from pytest_gputrain.report.moments import finding_moments
+from pytest_gputrain.report.sparkline import series_svg
 from pytest_gputrain.report.terminal import header_lines
-from pytest_gputrain.report.timeline import launch_lanes, run_timeline
+from pytest_gputrain.report.timeline import DeviceLimits, launch_lanes, run_timeline
+from pytest_gputrain.report.triage import (
+    COSTLY_PERCENT,
+    FAILING,
+    Figures,
+    Headline,
+    finding_cost,
+    headline,
+    no_timeline_words,
+    test_figures,
+)
+from pytest_gputrain.series import keep_extremes
 from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import format_bytes
 
@@ -29,12 +45,33 @@ if TYPE_CHECKING:
     from pytest_gputrain.report.test_outputs import TestResult
 
 # Points per series in the page: as many as the facts keep for a few tests, fewer for many, so
-# that a report of hundreds of tests stays a few MB (every series keeps its extremes).
-POINT_BUDGET = 300_000
-MAX_POINTS, MIN_POINTS = 600, 60
+# that a report of hundreds of tests stays a few MB (every series keeps its extremes); a test
+# that failed or has a warning gets FLAGGED_SHARE times a healthy one's, as its timeline is the
+# one a reader zooms into.
+POINT_BUDGET = 200_000
+MAX_POINTS, MIN_POINTS = 600, 24
+SERIES_PER_RUN = 12
+FLAGGED_SHARE = 3
 TOP_TESTS = 10  # rows of the slowest and the most memory-hungry tests
 SESSION_SCOPES = ("session", "device")
 SEVERITY_WORDS = {"error": "ERROR", "warning": "WARNING", "info": "INFO"}
+SPARK_POINTS = 24  # points of a summary row's sparkline
+COMMON_NOTE_TESTS = 3  # a note on this many tests is said once, above the tests
+
+
+@dataclass
+class FindingView:
+    """A finding as a test shows it: the finding, its id on the page, where on the timeline it
+    happened, and whether it starts open (its cost is large whatever its severity)."""
+
+    finding: Finding
+    id: str
+    cost: float | None = None
+    moment: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def costly(self) -> bool:
+        return self.cost is not None and self.cost >= COSTLY_PERCENT
 
 
 @dataclass
@@ -45,22 +82,50 @@ class TestView:
     anchor: str
     outcome: str
     duration: float | None = None
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[FindingView] = field(default_factory=list)
     facts: list[tuple[str, str]] = field(default_factory=list)  # (name, value) one-liners
     failure: dict[str, Any] | None = None
+    traceback: str | None = None
     timelines: list[dict[str, Any]] = field(default_factory=list)  # run charts, rank lanes
     notes: list[str] = field(default_factory=list)
-    peak_memory: int | None = None
+    figures: Figures = field(default_factory=Figures)
+    sparkline: str = ""
 
     @property
     def worst(self) -> str:
         """The most severe finding's severity, or "none"."""
-        return max((f.severity for f in self.findings), key=SEVERITY_RANK.__getitem__,
-                   default="none")
+        return max((f.finding.severity for f in self.findings),
+                   key=SEVERITY_RANK.__getitem__, default="none")
 
     @property
     def codes(self) -> list[str]:
-        return sorted({f.code for f in self.findings})
+        return sorted({f.finding.code for f in self.findings})
+
+    @property
+    def titles(self) -> list[str]:
+        """The findings' titles, most severe first, each once."""
+        ordered = sorted(self.findings, key=lambda f: -f.finding.rank)
+        return list(dict.fromkeys(f.finding.title for f in ordered))
+
+    @property
+    def peak_memory(self) -> int | None:
+        return self.figures.peak_memory
+
+    @property
+    def failing(self) -> bool:
+        return self.outcome in FAILING
+
+    @property
+    def starts_open(self) -> bool:
+        """Failed, a warning or an error, or a finding whose cost is large."""
+        return self.failing or self.worst in ("error", "warning") or \
+            any(f.costly for f in self.findings)
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """The summary's first order: failed first, then by worst severity, then by id."""
+        return (not self.failing, -SEVERITY_RANK.get(self.worst, -1),
+                not any(f.costly for f in self.findings), self.nodeid)
 
 
 @dataclass
@@ -85,16 +150,30 @@ class CodeSummary:
     title: str
     severity: str
     count: int
-    subjects: list[str]
+    subjects: list[tuple[str, str]]  # (subject, the page's anchor for it)
+    outcomes: set[str] = field(default_factory=set)  # of the tests it was found on
+
+
+@dataclass
+class RuleText:
+    """What a rule says the same way on every test it fires on: said once on the page."""
+
+    code: str
+    name: str
+    title: str
+    why: str
+    references: list[str]
 
 
 @dataclass
 class Page:
     report: Report
     header: list[str]
+    headline: Headline
     session_findings: list[Finding]
     devices: list[DeviceView]
     codes: list[CodeSummary]
+    rules: list[RuleText]
     tests: list[TestView]
     slowest: list[TestView]
     hungriest: list[TestView]
@@ -103,12 +182,16 @@ class Page:
     other_sections: list[tuple[str, str]]  # (name, Markdown) of sections drawn as text
     outcomes_derived: bool
     outcome_counts: dict[str, int]
+    common_notes: list[tuple[str, int]] = field(default_factory=list)  # said once, on n tests
+    regression: dict[str, dict[str, Any]] = field(default_factory=dict)  # by test, see below
 
     def data(self) -> dict[str, Any]:
-        """What the page's script draws: each test's timelines, the ladders' fits and the
-        benchmark points, by anchor."""
+        """What the page's script draws: each test's timelines and its findings' moments, the
+        ladders' fits and the benchmark points, by anchor."""
         return {
-            "tests": {t.anchor: t.timelines for t in self.tests if t.timelines},
+            "tests": {t.anchor: {"timelines": t.timelines,
+                                 "moments": {f.id: f.moment for f in t.findings if f.moment}}
+                      for t in self.tests if t.timelines},
             "ladders": [ladder["fit"] for ladder in self.ladders],
             "benchmarks": [c["points"] for c in (self.benchmarks or {}).get("comparisons", [])],
         }
@@ -191,8 +274,76 @@ def _outcome(nodeid: str, failures: dict[str, list[dict[str, Any]]],
     return "passed"
 
 
-def _points_per_series(records: int) -> int:
-    return max(MIN_POINTS, min(MAX_POINTS, POINT_BUDGET // max(1, 10 * records)))
+def _points_per_series(records: int, flagged: int) -> int:
+    """A healthy run's points per series, with ``flagged`` of the ``records`` runs getting
+    FLAGGED_SHARE times as many."""
+    weight = records + (FLAGGED_SHARE - 1) * flagged
+    return max(MIN_POINTS, min(MAX_POINTS, POINT_BUDGET // max(1, SERIES_PER_RUN * weight)))
+
+
+def _limits(devices: list[DeviceFacts], run: dict[str, Any]) -> DeviceLimits:
+    """The ranges of a run's lanes from its GPU's facts (by NVML index, else the one GPU)."""
+    index = (run.get("nvml") or {}).get("index")
+    found = [d for d in devices if d.index == index] or (devices if len(devices) == 1 else [])
+    if not found:
+        return DeviceLimits()
+    device = found[0]
+    return DeviceLimits(memory_total=device.memory_total, sm_clock_max=device.sm_clock_max,
+                        power_limit=device.power_limit,
+                        temperature_slowdown=device.temperature_slowdown)
+
+
+def _sparkline(values: list[float] | None, nodeid: str) -> str:
+    """The step times of a test as a sparkline of at most SPARK_POINTS points."""
+    if not values or len(values) < 2:
+        return ""
+    kept = keep_extremes([values], SPARK_POINTS)
+    return series_svg([round(values[i], 3) for i in kept], label=f"step times of {nodeid}",
+                      width=120, height=24)
+
+
+def _subject_anchor(subject: str, known: Mapping[str, Any],
+                    devices: Mapping[str, str]) -> str:
+    """Where on the page a finding's subject is: its test, its GPU, or the session."""
+    if subject in devices:
+        return devices[subject]
+    test = _test_of(subject, known)
+    return anchor_of(test) if test in known else "session"
+
+
+def _common_notes(tests: list[TestView]) -> list[tuple[str, int]]:
+    """Notes that several tests share, taken off them to be said once."""
+    counts = Counter(note for test in tests for note in dict.fromkeys(test.notes))
+    for timeline in (t for test in tests for t in test.timelines):
+        counts.update(list(dict.fromkeys(timeline.get("notes") or [])))
+    common = {note for note, count in counts.items() if count >= COMMON_NOTE_TESTS}
+    for test in tests:
+        test.notes = [note for note in test.notes if note not in common]
+        for timeline in test.timelines:
+            timeline["notes"] = [n for n in timeline.get("notes") or [] if n not in common]
+    return sorted(((note, counts[note]) for note in common), key=lambda item: -item[1])
+
+
+def baseline_steps(section: Any) -> dict[str, dict[str, Any]]:
+    """Each compared test's baseline steps, from the regression gate's section
+    (``sections["benchmarks"]["steps"]``): the label, median and quartiles in ms that its
+    steps lane overlays."""
+    found: dict[str, dict[str, Any]] = {}
+    if not isinstance(section, dict):
+        return found
+    spec = section.get("compare") or "the baseline"
+    for nodeid, item in (section.get("steps") or {}).items():
+        sessions = [[float(v) for v in rounds if isinstance(v, int | float)]
+                    for rounds in (item.get("baseline") or [])]
+        values = sorted(v * 1e3 for rounds in sessions for v in rounds)
+        if len(values) < 4:
+            continue
+        low, median, high = statistics.quantiles(values, n=4)
+        found[str(nodeid)] = {
+            "label": f"baseline {spec}: middle half of {len(values)} steps in "
+                     f"{len(sessions)} session(s), {low:.3g}-{high:.3g} ms",
+            "median": round(median, 4), "low": round(low, 4), "high": round(high, 4)}
+    return found
 
 
 def build_page(report: Report, facts: FactsFile,
@@ -217,23 +368,39 @@ def build_page(report: Report, facts: FactsFile,
             nodeid = _test_of(finding.subject, known)
             known.setdefault(nodeid, None)
             findings_by_test.setdefault(nodeid, []).append(finding)
-    limit = _points_per_series(len(records.get("run", [])) + len(records.get("distributed", [])))
+    flagged = {nodeid for nodeid in known if failures.get(nodeid) or any(
+        f.severity in ("error", "warning") for f in findings_by_test.get(nodeid, []))}
+    base = _points_per_series(
+        len(records.get("run", [])) + len(records.get("distributed", [])),
+        sum(len(runs.get(n, [])) + len(launches.get(n, [])) for n in flagged))
+    environment = report.environment
+    gpu = bool(environment.devices)
+    sections = dict(report.sections)
+    baselines = baseline_steps(sections.get("benchmarks"))
 
     tests = []
     for nodeid in known:
         result = (results or {}).get(nodeid)
-        test = TestView(nodeid=nodeid, anchor=anchor_of(nodeid),
+        anchor = anchor_of(nodeid)
+        limit = min(MAX_POINTS, base * (FLAGGED_SHARE if nodeid in flagged else 1))
+        test = TestView(nodeid=nodeid, anchor=anchor,
                         outcome=result.outcome if result else _outcome(nodeid, failures, launches),
-                        findings=findings_by_test.get(nodeid, []))
+                        findings=[FindingView(f, f"{anchor}-f{i}", finding_cost(f))
+                                  for i, f in enumerate(findings_by_test.get(nodeid, []))])
         failure = failures[nodeid][-1] if failures.get(nodeid) else None
         test.failure = failure
+        test.traceback = result.traceback if result else None
+        last: dict[str, Any] | None = runs[nodeid][-1] if runs.get(nodeid) else None
         for run in runs.get(nodeid, []):
             test.facts = _run_facts(run)
-            test.timelines.append(run_timeline(run, failure, limit))
+            timeline = run_timeline(run, failure, limit, _limits(environment.devices, run),
+                                    baselines.get(nodeid))
+            if timeline["lanes"]:
+                test.timelines.append(timeline)
+                for view, moment in zip(test.findings, finding_moments(
+                        [f.finding for f in test.findings], run, failure), strict=True):
+                    view.moment = moment
             test.duration = run.get("duration")
-            peak = (run.get("memory") or {}).get("peak_memory") or \
-                (run.get("nvml") or {}).get("process_memory_max")
-            test.peak_memory = peak if isinstance(peak, int) else test.peak_memory
         for launch in launches.get(nodeid, []):
             lanes = launch_lanes(launch, limit)
             if lanes is not None:
@@ -246,41 +413,54 @@ def build_page(report: Report, facts: FactsFile,
                                   f"steps ({why})")
         if result is not None and result.duration is not None:
             test.duration = result.duration
-        if not runs.get(nodeid) and not launches.get(nodeid):
-            test.notes.append("no training recorded: the test stepped no optimizer, called no "
-                              "module, iterated no DataLoader and used no CUDA"
-                              if failure is None else
-                              "no training recorded before the failure")
+        test.figures = test_figures(last, failure)
+        test.sparkline = _sparkline(test.figures.step_times, nodeid)
+        if not test.timelines and not launches.get(nodeid):
+            test.notes.insert(0, no_timeline_words(last, failure, gpu))
         tests.append(test)
-    tests.sort(key=lambda t: (-SEVERITY_RANK.get(t.worst, -1), t.outcome == "passed", t.nodeid))
+    tests.sort(key=lambda t: t.order)
+    common = _common_notes(tests)
 
     devices = []
-    for device in report.environment.devices:
+    device_anchors: dict[str, str] = {"session": "session"}
+    for device in environment.devices:
         subject = device_subject(device)
+        device_anchors[subject] = f"gpu-{device.index}"
         devices.append(DeviceView(device, subject,
                                   [f for f in session_findings if f.subject == subject],
                                   _device_figures(device)))
+    outcome_of = {t.nodeid: t.outcome for t in tests}
     codes: dict[str, CodeSummary] = {}
+    rules: dict[str, RuleText] = {}
     for finding in report.findings:
         summary = codes.setdefault(finding.code, CodeSummary(
             finding.code, finding.name, finding.title, finding.severity, 0, []))
         summary.count += 1
-        if finding.subject not in summary.subjects:
-            summary.subjects.append(finding.subject)
+        target = _subject_anchor(finding.subject, known, device_anchors)
+        if (finding.subject, target) not in summary.subjects:
+            summary.subjects.append((finding.subject, target))
+        outcome = outcome_of.get(_test_of(finding.subject, known))
+        if outcome:
+            summary.outcomes.add(outcome)
+        rules.setdefault(finding.code, RuleText(finding.code, finding.name, finding.title,
+                                                finding.why, list(finding.references)))
     timed = [t for t in tests if t.duration is not None]
-    sections = dict(report.sections)
     ladders = [_ladder(section) for name, section in sections.items()
                if name.startswith("ladder") and isinstance(section, dict)]
     benchmarks = sections.get("benchmarks")
     shown = {"runs", "distributed", "benchmarks"} | {n for n in sections if n.startswith("ladder")}
     others = [(name, str(section["markdown"])) for name, section in sections.items()
               if name not in shown and isinstance(section, dict) and "markdown" in section]
+    outcome_counts = dict(Counter(t.outcome for t in tests))
     return Page(
         report=report,
-        header=[line.removeprefix("gputrain: ") for line in header_lines(report.environment)],
+        header=[line.removeprefix("gputrain: ") for line in header_lines(environment)],
+        headline=headline(outcome_counts, report.summary, report.fail_on, report.failed,
+                          results is None),
         session_findings=session_findings,
         devices=devices,
         codes=sorted(codes.values(), key=lambda c: (-SEVERITY_RANK[c.severity], c.code)),
+        rules=sorted(rules.values(), key=lambda r: r.code),
         tests=tests,
         slowest=sorted(timed, key=lambda t: -(t.duration or 0.0))[:TOP_TESTS],
         hungriest=sorted((t for t in tests if t.peak_memory), key=lambda t: -(t.peak_memory or 0)
@@ -289,8 +469,23 @@ def build_page(report: Report, facts: FactsFile,
         benchmarks=_benchmarks(benchmarks) if isinstance(benchmarks, dict) else None,
         other_sections=others,
         outcomes_derived=results is None,
-        outcome_counts=dict(Counter(t.outcome for t in tests)),
+        outcome_counts=outcome_counts,
+        common_notes=common,
+        regression=_regression_by_test(baselines, sections.get("benchmarks")),
     )
+
+
+def _regression_by_test(baselines: dict[str, dict[str, Any]],
+                        section: Any) -> dict[str, dict[str, Any]]:
+    """What the gate compared for each test: the baseline its steps lane overlays, and the
+    explanation of its per-step counters, base beside head (``regression.html.j2``)."""
+    found: dict[str, dict[str, Any]] = {
+        nodeid: {"baseline": baseline} for nodeid, baseline in baselines.items()}
+    explanations = section.get("explanations") if isinstance(section, dict) else None
+    for explanation in explanations or []:
+        if isinstance(explanation, dict) and explanation.get("nodeid"):
+            found.setdefault(str(explanation["nodeid"]), {})["explanation"] = explanation
+    return found
 
 
 def _ladder(section: dict[str, Any]) -> dict[str, Any]:

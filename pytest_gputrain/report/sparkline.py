@@ -3,8 +3,9 @@ room for a line only.
 
 - ``timeline_svg``: a test's timeline for pytest-html's report, where a test's extras are
   inserted as HTML (the HTML report's charts are drawn by uPlot). Each row is the first series
-  of one chart (GPU utilisation, memory, power, step time), scaled to its own range, with its
-  range in words; the profiler window is shaded and the failure marked across all rows.
+  of one lane (GPU utilisation, memory, clock, power, temperature, step time), scaled to its
+  own range, with its range in words; the profiler window is shaded and the failure marked
+  across all rows.
 - ``series_svg``: one series as a sparkline, with marks at some of its points (the history
   site's index: a test's step time across sessions, its steps marked).
 """
@@ -25,11 +26,17 @@ def _fmt(value: float) -> str:
 def timeline_svg(timeline: dict[str, Any]) -> str:
     """The SVG of one ``timeline.run_timeline`` payload; "" when it has no chart."""
     rows = []
-    for chart in timeline.get("charts", []):
-        table = chart["tables"][0]
-        series = table["series"][0]
-        points = [(x, y) for x, y in zip(table["x"], series["values"], strict=True)
-                  if y is not None]
+    shared = timeline.get("x") or {}
+    for lane in timeline.get("lanes", []):
+        if lane.get("kind") == "bars":
+            series = {"label": "step time", "unit": "ms"}
+            xs, values = lane["x"], [round(w * 1000, 3) for w in lane["width"]]
+        else:
+            table = lane["tables"][0]
+            series = table["series"][0]
+            xs = shared.get(table["x"], []) if isinstance(table["x"], str) else table["x"]
+            values = series["values"]
+        points = [(x, y) for x, y in zip(xs, values, strict=True) if y is not None]
         if points:
             rows.append((series, points))
     if not rows:

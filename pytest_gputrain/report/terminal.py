@@ -88,11 +88,16 @@ def _fit(parts: list[str], separator: str, width: int | None) -> list[str]:
     return lines
 
 
-def header_lines(env: EnvironmentFacts, width: int | None = None) -> list[str]:
-    """The machine in a few lines: each on one line, or, with a ``width``, fitted to it."""
+def header_lines(env: EnvironmentFacts, width: int | None = None,
+                 no_gpu_explained_by: str | None = None) -> list[str]:
+    """The machine in a few lines: each on one line, or, with a ``width``, fitted to it. Why
+    no GPU is visible is said here, or, where a finding of the diagnosis says it
+    (``no_gpu_explained_by``: its code), that finding is named instead."""
     nvml = env.nvml
     if not nvml.available:
-        lines = _fit([f"no NVIDIA GPU visible: {nvml.reason}"], "", width)
+        why = (f"see {no_gpu_explained_by} in the diagnosis below" if no_gpu_explained_by
+               else nvml.reason)
+        lines = _fit([f"no NVIDIA GPU visible: {why}"], "", width)
         lines += _fit([_torch_line(env)], "", width)
     else:
         lines = _fit([f"NVIDIA driver {nvml.driver_version} (CUDA {nvml.cuda_driver_version}), "

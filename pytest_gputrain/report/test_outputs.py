@@ -5,7 +5,8 @@ properties and pytest-html extras, and GitHub Actions annotations at the test's 
 ``pytest_runtest_logreport``, which sees every report in the process that ran the test and, under
 pytest-xdist, again on the controller:
 
-- each test's outcome, duration and location are kept for the HTML report and the annotations;
+- each test's outcome, duration, location and failure report (pytest's traceback) are kept
+  for the HTML report and the annotations;
 - at a test's teardown report, the records the features added about that test are judged (as
   the features judged them, so the findings are the same) and, where a JUnit XML file or a
   pytest-html report is being written, the findings are added to the report: as properties
@@ -19,7 +20,7 @@ pytest-xdist, again on the controller:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -48,6 +49,7 @@ class Diagnosis(Protocol):
 PLUGIN_NAME = "gputrain-test-outputs"
 PLUGIN_KEY = pytest.StashKey["TestOutputs"]()
 JUNIT_PROPERTY = "gpu_finding"
+MAX_TRACEBACK = 20_000  # characters of a failure's report kept for the HTML report
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class TestResult:
     duration: float | None = None
     path: str | None = None  # relative to the rootdir, as pytest reports it
     line: int | None = None  # 1-based line of the test function
+    traceback: str | None = None  # pytest's report of a failure or error (capped)
 
 
 def register(config: pytest.Config, session: Diagnosis, annotations: bool) -> None:
@@ -75,6 +78,11 @@ def test_results(config: pytest.Config) -> dict[str, TestResult] | None:
     """Each test's outcome so far (None when the diagnosis did not follow the tests)."""
     plugin = config.stash.get(PLUGIN_KEY, None)
     return dict(plugin.results) if plugin is not None else None
+
+
+def _last(text: str, limit: int) -> str:
+    """The end of ``text`` (a traceback ends with the error), at most ``limit`` characters."""
+    return text if len(text) <= limit else "…" + text[-(limit - 1):]
 
 
 def belongs_to(subject: str, nodeid: str) -> bool:
@@ -116,13 +124,15 @@ class TestOutputs:
         known = self.results.get(report.nodeid)
         path, line = report.location[0], report.location[1]
         if category and (known is None or category in ("failed", "error")):
+            traceback = _last(report.longreprtext, MAX_TRACEBACK) \
+                if category in ("failed", "error") and report.longrepr else None
             self.results[report.nodeid] = TestResult(
                 outcome=category, duration=known.duration if known else None, path=path,
-                line=line + 1 if line is not None else None)
+                line=line + 1 if line is not None else None,
+                traceback=traceback or (known.traceback if known else None))
         if report.when == "call" and report.nodeid in self.results:
             result = self.results[report.nodeid]
-            self.results[report.nodeid] = TestResult(result.outcome, report.duration,
-                                                     result.path, result.line)
+            self.results[report.nodeid] = replace(result, duration=report.duration)
 
     def _judge(self, nodeid: str) -> tuple[bool, list[Finding]]:
         """Whether the features recorded anything about ``nodeid`` since the last test, and the

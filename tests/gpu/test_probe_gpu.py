@@ -159,7 +159,7 @@ def test_no_hooks_left_after_the_previous_test():
     assert profile["tensor_core_percent"] > 50, profile["top_kernels"]
     assert profile["h2d_pinned_copies"] >= 8 and profile["h2d_pageable_copies"] == 0
     assert profile["syncs_per_step"] >= 5
-    assert run["sync"]["per_step"] == 5 and run["sync"]["by_call"] == ["item: 80"]
+    assert run["sync"]["per_step"] == 5 and run["sync"]["by_call"] == ["Tensor.item: 80"]
     memory = run["memory"]
     assert memory["peak_allocated"] > 0 and memory["peak_reserved"] >= memory["peak_allocated"]
     assert len(memory["allocated_per_step"]) == 16 and memory["total"] > 0
@@ -401,3 +401,107 @@ def test_the_next_test_profiles_again():
         profile = _run(facts, name)["profile"]
         assert profile["captured"] is True, profile["reason"]
         assert profile["cupti_teardown"] is True, profile["cupti_teardown_reason"]
+
+
+def test_the_readings_that_name_the_exact_cause(tmp_path: Path) -> None:
+    """Issue 32's readings on a GPU: explicit waits by kind and line, autocast for the wrong
+    device, allocator history and the sync debug mode read while training, gradients no
+    optimizer holds, and the loss's values kept at the finiteness checks (no sync per step)."""
+    facts, output, code = _diagnose(tmp_path, LOOP + """
+import torch.nn.functional as F
+
+
+def test_explicit_waits():
+    model = mlp(width=512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 512, device=DEVICE), torch.randint(0, 10, (256,), device=DEVICE)
+    for _ in range(16):
+        loss = F.cross_entropy(model(x), y)
+        torch.cuda.synchronize()                       # times the forward
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.cuda.synchronize()                       # times the backward
+        optimizer.step()
+        torch.cuda.current_stream().synchronize()      # times the step
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()                             # and once more, by an event
+
+
+def test_cpu_autocast_around_a_cuda_model():
+    model = mlp(width=512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 512, device=DEVICE), torch.randint(0, 10, (256,), device=DEVICE)
+    for _ in range(12):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def test_instruments_left_on():
+    model = mlp(width=512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 512, device=DEVICE), torch.randint(0, 10, (256,), device=DEVICE)
+    torch.cuda.memory._record_memory_history(max_entries=10_000)
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        for _ in range(40):
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            loss.item()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def test_head_only_optimizer():
+    backbone = mlp(width=512)
+    head = torch.nn.Linear(10, 4).to(DEVICE)
+    optimizer = torch.optim.SGD(head.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 512, device=DEVICE), torch.randint(0, 4, (256,), device=DEVICE)
+    for _ in range(12):
+        loss = F.cross_entropy(head(backbone(x)), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def test_diverging_loss():
+    probe = torch.nn.Linear(256, 128).to(DEVICE)
+    optimizer = torch.optim.SGD(probe.parameters(), lr=1e4)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    centroids = torch.randn(128, 256, device=DEVICE, generator=gen)
+    labels = torch.randint(128, (8 * 4096,), device=DEVICE, generator=gen)
+    x = centroids[labels] + 6.0 * torch.randn(8 * 4096, 256, device=DEVICE, generator=gen)
+    for step in range(60):  # eight batches in turn: too many rows to memorise
+        rows = slice((step % 8) * 4096, (step % 8 + 1) * 4096)
+        loss = F.cross_entropy(probe(x[rows]), labels[rows])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+""")
+    assert code == 0, output
+    waits = _run(facts, "test_explicit_waits")["sync"]
+    assert waits["per_step"] == 4.0
+    assert waits["by_call"] == ["torch.cuda.synchronize: 32", "Event.synchronize: 16",
+                                "Stream.synchronize: 16"]
+    assert all("test_inner.py:" in site for site in waits["by_site"]), waits["by_site"]
+    assert "GT104" in _codes(facts, "test_explicit_waits")
+    autocast = _run(facts, "test_cpu_autocast_around_a_cuda_model")
+    assert autocast["autocast_other_forwards"] == 12 and autocast["autocast_forwards"] == 0
+    assert autocast["autocast_other_devices"] == ["cpu"]
+    instruments = _run(facts, "test_instruments_left_on")
+    assert instruments["memory_history"] is True and instruments["sync_debug_mode"] == "warn"
+    assert instruments["memory"]["allocator_calls_per_step"] > 0
+    assert "GT144" in _codes(facts, "test_instruments_left_on", ("info", "warning"))
+    grads = _run(facts, "test_head_only_optimizer")["grads"]
+    assert grads["unused_params"] == 4 * 512 * 512 + 4 * 512 + 512 * 10 + 10
+    assert grads["unused_bytes"] == 4 * grads["unused_params"] and grads["unused_ahead"] is True
+    assert grads["backward_time_estimate"] is not None  # the window measured the GPU time
+    loss = _run(facts, "test_diverging_loss")["loss"]
+    assert loss["nonfinite_checks"] == 0 and loss["growth_orders"] >= 2.0, loss
+    assert "GT146" in _codes(facts, "test_diverging_loss")

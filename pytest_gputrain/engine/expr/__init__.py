@@ -17,6 +17,7 @@ The modules are layered bottom-up, and each imports only the ones below it:
     tokens           the tokenizer
     parser           the Pratt parser and parse() (the grammar is in its docstring)
     templates        message templates and parse_template()
+    reading          a template as a person reads it (explain): read_template()
 
 This package's public face is re-exported here; the rest of the engine imports only from it.
 """
@@ -27,6 +28,7 @@ from pytest_gputrain.engine.expr.errors import ConditionError, EvaluationError
 from pytest_gputrain.engine.expr.functions import FUNCTIONS, FunctionSpec
 from pytest_gputrain.engine.expr.limits import MAX_DEPTH, MAX_LENGTH, MAX_STRING
 from pytest_gputrain.engine.expr.parser import parse
+from pytest_gputrain.engine.expr.reading import Case, CaseLabel, TemplateReading, read_template
 from pytest_gputrain.engine.expr.templates import Template, parse_template
 from pytest_gputrain.engine.expr.tree import Expr
 from pytest_gputrain.engine.expr.values import UNKNOWN, Version
@@ -37,12 +39,16 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_STRING",
     "UNKNOWN",
+    "Case",
+    "CaseLabel",
     "ConditionError",
     "EvaluationError",
     "Expr",
     "FunctionSpec",
     "Template",
+    "TemplateReading",
     "Version",
     "parse",
     "parse_template",
+    "read_template",
 ]

@@ -41,6 +41,10 @@ class Template:
     def names(self) -> frozenset[str]:
         return self._names
 
+    def pieces(self) -> tuple[str | Expr, ...]:
+        """The template in order: literal text, and each placeholder's expression."""
+        return tuple(part if isinstance(part, str) else part.expr for part in self._parts)
+
     def render(
         self,
         lookup: Callable[[str], object],

@@ -254,6 +254,11 @@ class Expr:
         """Every dotted fact name the condition refers to."""
         return self._names
 
+    @property
+    def root(self) -> Node:
+        """The syntax tree (for reading it back as text: ``reading.py``)."""
+        return self._root
+
     def gives_truth(self) -> bool | None:
         """True when it always gives true, false or unknown (a comparison, ``and``, ...);
         False when it never can (arithmetic, a number, ``len()``); None when that depends on

@@ -6,8 +6,9 @@ on the host, so the host runs ahead of the GPU. Every 20 steps the loop times it
 way, ``torch.cuda.synchronize()`` and then ``loss.item()``: the synchronize waits for the ~20
 steps of work queued since the last log, so that step takes a few hundred milliseconds while
 the median step takes one or two. The GPU was busy all along; those steps are the host waiting
-for queued work, not stalls (the probe does not time ``torch.cuda.synchronize()``; the
-profiler window's GPU time per step accounts for the waits whatever the call).
+for queued work, not stalls (the probe times ``torch.cuda.synchronize()`` as it times
+``loss.item()``, and the profiler window's GPU time per step accounts for waits in any other
+call).
 
 Expected diagnosis: nothing at warning level (no GT118).
 """

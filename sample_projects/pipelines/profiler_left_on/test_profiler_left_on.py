@@ -1,4 +1,4 @@
-"""Fault (information): a torch.profiler left around the training loop of a test.
+"""Fault: a torch.profiler left around the training loop of a test.
 
 Someone profiled this training test once to find a slow layer, and the ``with
 torch.profiler.profile(...)`` block stayed. The trace is never exported or read. Every op and
@@ -9,7 +9,9 @@ profiler window while the test's profiler records.
 Fix: remove the profiler, or profile a few steps with ``schedule=torch.profiler.schedule(...)``
 in a dedicated test or script.
 
-Expected diagnosis: GT116 (debugging APIs during training) as information, no warning.
+Expected diagnosis: GT116 (debugging APIs during training) at warning level: the profiler cost
+this run measurably (the GPU waited for the host while it recorded every step; its own start and
+stop are timed), so severity follows that cost.
 """
 
 from __future__ import annotations
