@@ -3,8 +3,10 @@ the probe keeps of the warnings shown while a test trains, and that the user sti
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,11 @@ from torch.utils.checkpoint import checkpoint
 from pytest_gputrain.probe import run
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.torch_hooks import global_hook_counts
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
 
@@ -157,3 +164,35 @@ def test_gt150_names_the_warning_in_a_diagnosed_test(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(["*WARNING GT150*", "*that is different to the input size*",
                                  "*reached from `loss = F.mse_loss(model(x), y)` at",
                                  "*test_regression.py:10, first in step 1 of 5*"])
+
+
+HELDOUT = Path(__file__).resolve().parent.parent / "sample_projects" / "heldout"
+
+
+def test_gt150_names_the_held_out_reentrant_checkpoint(pytester: pytest.Pytester,
+                                                       use_facts: Callable[..., None]) -> None:
+    """The held-out sample's own training loop, small and on the CPU: the warning torch raises
+    at its reentrant checkpoint is named by GT150, in words the sample's `names` accepts."""
+    use_facts("cpu_laptop")
+    sample = HELDOUT / "checkpoint_reentrant_frozen_stem"
+    module = next(sample.glob("test_*.py"))
+    pytester.makepyfile(test_fine_tune=f"""
+        import importlib.util
+        import torch
+
+        spec = importlib.util.spec_from_file_location("sample", {str(module)!r})
+        sample = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sample)
+
+        def test_fit():
+            sample.train(torch.device("cpu"), steps=6, batch_size=32, width=32, blocks=2)
+        """)
+    result = pytester.runpytest("--gpu-diagnose", "-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*WARNING GT150*"])
+    said = " ".join(result.stdout.str().split())  # the report wraps its lines
+    assert '"None of the inputs have requires_grad=True. Gradients will be None"' in said
+    assert "reached from `x = checkpoint(block, x, use_reentrant=True)` at" in said
+    names = tomllib.loads((HELDOUT / "EXPECTED.toml").read_text(encoding="utf-8"))[
+        "checkpoint_reentrant_frozen_stem"]["names"]
+    assert re.search(names, said, re.IGNORECASE)
