@@ -216,6 +216,46 @@ def test_grad_scaler_scale_is_counted_when_the_scaler_is_on() -> None:
     assert amp.scaler_scales == 5 and amp.fp16_forwards == 0 and amp.fp16_percent == 0.0
 
 
+def _scaled_loop(steps: int, unscale_first: bool) -> run.RunProbe:
+    """float16 autocast with a GradScaler and clip_grad_norm_, on the CPU: the gradients
+    clipped before or after scaler.unscale_."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    probe = _probe()
+    probe.start()
+    try:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(16, 8)).float().pow(2).mean()
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            if unscale_first:
+                scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(optimizer)  # unscales here when the loop did not
+            scaler.update()
+    finally:
+        probe.stop()
+    assert torch_hooks.global_hook_counts(torch) == dict.fromkeys(
+        torch_hooks.global_hook_counts(torch), 0)
+    return probe
+
+
+def test_clipping_before_unscale_is_counted_with_the_limit_the_gradients_got() -> None:
+    amp = _scaled_loop(6, unscale_first=False).facts().amp
+    assert amp.scaler_scales == 6 and amp.clip_scaled == 6 and amp.clip_scaled_percent == 100.0
+    assert amp.init_scale == 1024.0 and amp.clip_effective_limit == 0.5 / 1024
+
+
+def test_clipping_after_unscale_is_not_counted() -> None:
+    facts = _scaled_loop(6, unscale_first=True).facts()
+    assert facts.optimizer.clip_calls == 6 and facts.amp.scaler_scales == 6
+    assert facts.amp.clip_scaled == 0 and facts.amp.clip_scaled_percent == 0.0
+    assert facts.amp.clip_effective_limit is None
+
+
 def test_fp16_forwards_make_the_amp_share() -> None:
     record = _record([0.01] * 10, [], [])
     record.forwards.grad = 20

@@ -120,6 +120,7 @@ class RunProbe:
         self.on_empty_cache_end = self.calls.on_empty_cache_end
         self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
         self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
+        self.on_unscale = self.calls.on_unscale
         self.on_clip = self.calls.on_clip
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.

@@ -338,6 +338,11 @@ class OptimizerReadings:
     # the index of the step under way at each zero_grad call (once per step)
     zero_grad_steps: list[int] = field(default_factory=list)
     scaler_scales: int = 0  # GradScaler.scale calls with the scaler enabled (loss scaling)
+    # A loss was scaled and GradScaler.unscale_ (called by scaler.step too) has not run since:
+    # the gradients are still multiplied by the scale.
+    scaled_pending: bool = False
+    clip_scaled: int = 0  # clipping calls made while the gradients were still scaled
+    init_scale: float | None = None  # the scaler's starting scale (init_scale), no sync
     lr_first: float | None = None  # the largest learning rate of its groups at its first step
     lr_last: float | None = None  # ... when the test ended (a scheduler changes it)
     clip_calls: int = 0  # torch.nn.utils.clip_grad_norm_ / clip_grad_value_ calls

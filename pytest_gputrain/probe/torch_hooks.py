@@ -459,6 +459,10 @@ class Installation:
         if callable(scale):
             self.patches.set(scaler, "scale", wrap_before(
                 scale, lambda self, *_, **__: probe.on_scale(self), probe))
+        unscale = vars(scaler).get("unscale_") if scaler is not None else None
+        if callable(unscale):
+            self.patches.set(scaler, "unscale_", wrap_before(
+                unscale, lambda self, *_, **__: probe.on_unscale(self), probe))
 
     def patch_compiled_modules(self) -> None:
         """Wrap OptimizedModule.__call__ and register the compile-start callback once dynamo is
@@ -551,7 +555,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                (torch._C, "_cuda_emptyCache")]
     scaler = grad_scaler_class(torch)
     if scaler is not None:
-        owners.append((scaler, "scale"))
+        owners += [(scaler, "scale"), (scaler, "unscale_")]
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
