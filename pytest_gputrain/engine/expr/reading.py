@@ -67,7 +67,7 @@ def _cases(node: Node, case_label: CaseLabel | None) -> tuple[Case, ...] | None:
     if not (isinstance(node, Call) and node.function.name == "pick"):
         return None
     chooser, *rest = node.args
-    subject = unparse(_known_part(chooser))
+    subject = unparse(chooser, fallbacks=False)
     cases = []
     for value_node, result in zip(rest[0::2], rest[1::2], strict=False):
         value = value_node.value if isinstance(value_node, Literal) else UNKNOWN
@@ -117,11 +117,14 @@ def _as_text(node: Node) -> str:
         return "" if node.value is None or node.value is UNKNOWN else unparse(node)
     if isinstance(node, Arith) and all(op == "+" for op, _, _ in node.rest):
         return "".join(_as_text(part) for part in (node.first, *(n for _, n, _ in node.rest)))
-    return "{" + unparse(_known_part(node)) + "}"
+    return "{" + unparse(node, fallbacks=False) + "}"
 
 
-def unparse(node: Node) -> str:
-    """The expression's text as a rule file would write it (compound operands in brackets)."""
+def unparse(node: Node, *, fallbacks: bool = True) -> str:
+    """The expression's text as a rule file would write it (compound operands in brackets);
+    without ``fallbacks``, every ``coalesce(fact, literal)`` reads as its fact."""
+    if not fallbacks and _known_part(node) is not node:
+        return unparse(_known_part(node), fallbacks=False)
     if isinstance(node, Literal):
         value = node.value
         if value is True or value is False:
@@ -132,21 +135,22 @@ def unparse(node: Node) -> str:
     if isinstance(node, Name):
         return node.name
     if isinstance(node, List):
-        return "[" + ", ".join(unparse(item) for item in node.items) + "]"
+        return "[" + ", ".join(unparse(item, fallbacks=fallbacks) for item in node.items) + "]"
     if isinstance(node, Call):
-        return f"{node.function.name}({', '.join(unparse(arg) for arg in node.args)})"
+        args = ", ".join(unparse(arg, fallbacks=fallbacks) for arg in node.args)
+        return f"{node.function.name}({args})"
     if isinstance(node, Not):
-        return "not " + _operand(node.operand)
+        return "not " + _operand(node.operand, fallbacks)
     if isinstance(node, Negate):
-        return "-" + _operand(node.operand)
+        return "-" + _operand(node.operand, fallbacks)
     if isinstance(node, Logic):
-        return f" {node.op} ".join(_operand(operand) for operand in node.operands)
+        return f" {node.op} ".join(_operand(operand, fallbacks) for operand in node.operands)
     if isinstance(node, Compare | Arith):
-        return " ".join([_operand(node.first),
-                         *(f"{op} {_operand(right)}" for op, right, _ in node.rest)])
+        return " ".join([_operand(node.first, fallbacks),
+                         *(f"{op} {_operand(right, fallbacks)}" for op, right, _ in node.rest)])
     return "?"
 
 
-def _operand(node: Node) -> str:
-    text = unparse(node)
+def _operand(node: Node, fallbacks: bool = True) -> str:
+    text = unparse(node, fallbacks=fallbacks)
     return f"({text})" if isinstance(node, Logic | Compare | Arith | Not) else text
