@@ -26,6 +26,7 @@ from pytest_gputrain.facts import (
     group_namespace,
     session_namespace,
 )
+from pytest_gputrain.probe.attention_facts import AttentionFacts
 from pytest_gputrain.probe.failure_facts import FailureFacts
 from pytest_gputrain.probe.habit_facts import CompileFacts, DdpFacts, OptimizerFacts
 from pytest_gputrain.probe.host_facts import HostFacts
@@ -294,6 +295,8 @@ class ProfileFacts(FactGroup):
     elementwise_percent: float | None = fact(
         "%", "eager elementwise and reduction kernels' share of kernel time")
     triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")
+    attention_percent: float | None = fact(
+        "%", "fused attention kernels' (flash, memory-efficient, cuDNN) share of kernel time")
     comm_percent: float | None = fact("%", "NCCL kernel time (union) / wall")
     comm_exposed_percent: float | None = fact(
         "%", "NCCL kernel time with no other kernel running / wall")
@@ -536,6 +539,7 @@ class RunFacts(FactGroup):
     host: HostFacts = Field(default_factory=HostFacts)
     warnings: WarningFacts = Field(default_factory=WarningFacts)
     updates: UpdateFacts = Field(default_factory=UpdateFacts)
+    attention: AttentionFacts = Field(default_factory=AttentionFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

@@ -17,7 +17,9 @@ module and each writing its groups of the ``RunRecord``:
   the profiler window and in long steps, on a thread; garbage collections timed);
 - ``warning_readings.WarningWatch``: the warnings torch and the frameworks raise meanwhile;
 - ``update_readings.UpdateWatch``: the learning rate at each scheduler step, and at a few steps
-  the weights an optimizer step left unchanged.
+  the weights an optimizer step left unchanged;
+- ``attention_readings.AttentionWatch``: the ``scaled_dot_product_attention`` calls, and whether
+  their masks were just the causal pattern.
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe import oom_observer, settings_timeline
 from pytest_gputrain.probe import run_facts_builder as builder
+from pytest_gputrain.probe.attention_readings import AttentionWatch
 from pytest_gputrain.probe.compile_readings import CompileWatch
 from pytest_gputrain.probe.cuda_readings import (
     CallReadings,
@@ -106,9 +109,9 @@ class RunProbe:
         self.compile = CompileWatch(self, self.install)
         self.calls = CallReadings(torch, self)
         self.loss = LossWatch(torch, self)
-        self.host = HostWatch(self.record)
-        self.warnings = WarningWatch(self.record)
+        self.host, self.warnings = HostWatch(self.record), WarningWatch(self.record)
         self.updates = UpdateWatch(torch, self)
+        self.attention = AttentionWatch(torch, self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -120,8 +123,7 @@ class RunProbe:
         self.on_empty_cache_end = self.calls.on_empty_cache_end
         self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
         self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
-        self.on_unscale = self.calls.on_unscale
-        self.on_clip = self.calls.on_clip
+        self.on_unscale, self.on_clip = self.calls.on_unscale, self.calls.on_clip
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
@@ -180,7 +182,7 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
-            for reader in (self.host, self.warnings, self.updates):
+            for reader in (self.host, self.warnings, self.updates, self.attention):
                 reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
@@ -211,6 +213,7 @@ class RunProbe:
         self.calls.read_end(cuda_ok)
         self.loss.read_end(cuda_ok)
         self.updates.stop(cuda_ok)  # reads the main optimizer's learning rate at the end
+        self.attention.stop(cuda_ok)
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index

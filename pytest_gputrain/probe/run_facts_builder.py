@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.probe import settings_timeline as settings_reads
+from pytest_gputrain.probe.attention_facts import attention_facts
 from pytest_gputrain.probe.facts import (
     ForwardRecord,
     LayerFacts,
@@ -143,6 +144,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.host = host_facts(record, steady, [number - 1 for number in run.stalls.step_numbers])
     run.warnings = warning_facts(record)
     run.updates = update_facts(record)
+    run.attention = attention_facts(record.attention)
     run.nvml = _nvml_facts(record)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)

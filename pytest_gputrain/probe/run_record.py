@@ -520,6 +520,21 @@ class GradientReadings:
 
 
 @dataclass(slots=True)
+class AttentionReadings:
+    """``scaled_dot_product_attention`` calls (``attention_readings.AttentionWatch``)."""
+
+    calls: int = 0
+    is_causal_calls: int = 0
+    masked_calls: int = 0  # calls given an attn_mask
+    max_query_len: int = 0  # of the masked calls
+    mask_dtype: str | None = None  # of the first mask
+    site: str | None = None  # the line that made the first masked call
+    checks: list[tuple[int, int]] = field(default_factory=list)  # (queries, keys) checked
+    causal: int | None = None  # checked masks that were the causal pattern (read at the end)
+    unread: str | None = None  # why the checks could not be read
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -547,6 +562,7 @@ class RunRecord:
     warnings: WarningReadings = field(default_factory=WarningReadings)
     updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
     grads: GradientReadings = field(default_factory=GradientReadings)
+    attention: AttentionReadings = field(default_factory=AttentionReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

@@ -559,8 +559,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
-    # host_stacks, warning_readings, update_readings (the schedulers' step)
-    owners += [(gc, "collect"), (warnings, "_showwarnmsg")] + [
+    # host_stacks, warning_readings, attention_readings, update_readings (the schedulers' step)
+    owners += [(gc, "collect"), (warnings, "_showwarnmsg"),
+               (torch.nn.functional, "scaled_dot_product_attention")] + [
         (owner, "step") for owner in vars(torch.optim.lr_scheduler).values()
         if isinstance(owner, type) and "step" in vars(owner)]
     counts["patched_attributes"] = sum(
