@@ -380,3 +380,44 @@ def test_the_loop_faults_are_named_on_the_tests_that_have_them(
     assert "GT142" in codes["test_diverges"]
     assert "GT140" in codes["test_checkpoint_every_step"]
     assert not {"GT140", "GT142", "GT220"} & codes.get("test_healthy", set())
+
+
+# -- padding in token batches ----------------------------------------------------------------
+
+
+def _padded_loader_run(lengths: list[int], pad_to: int | None) -> run.RunProbe:
+    """Token batches with an attention_mask: padded to `pad_to`, or to each batch's longest."""
+    def collate(rows: list[int]) -> dict[str, torch.Tensor]:
+        width = pad_to or max(rows)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for row, length in enumerate(rows):
+            mask[row, :length] = 1
+        return {"input_ids": mask * 7, "attention_mask": mask}
+
+    loader = torch.utils.data.DataLoader(lengths, batch_size=4, collate_fn=collate)
+    model = nn.Embedding(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = _probe()
+    probe.start()
+    try:
+        for batch in loader:
+            optimizer.zero_grad()
+            model(batch["input_ids"]).sum().backward()
+            optimizer.step()
+    finally:
+        probe.stop()
+    return probe
+
+
+def test_the_padding_share_of_token_batches_padded_to_a_fixed_length() -> None:
+    loader = _padded_loader_run([40, 50, 30, 40] * 4, pad_to=512).facts().loader
+    assert loader.pad_percent == round(100 * (1 - 160 / 2048), 2)
+    assert loader.padded_length == 512 and loader.padded_lengths == 1
+    assert loader.padding_batches == 4
+
+
+def test_batches_padded_to_their_longest_have_little_padding() -> None:
+    loader = _padded_loader_run([40, 50, 30, 40, 45, 44, 40, 41], pad_to=None).facts().loader
+    assert loader.pad_percent == round(100 * (1 - (160 + 170) / (200 + 180)), 2)
+    assert loader.padded_length == 50 and loader.padded_lengths == 2
+    assert loader.padding_batches == 2

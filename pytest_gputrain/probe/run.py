@@ -19,7 +19,9 @@ module and each writing its groups of the ``RunRecord``:
 - ``update_readings.UpdateWatch``: the learning rate at each scheduler step, and at a few steps
   the weights an optimizer step left unchanged;
 - ``attention_readings.AttentionWatch``: the ``scaled_dot_product_attention`` calls, and whether
-  their masks were just the causal pattern.
+  their masks were just the causal pattern;
+- ``evaluation_readings.EvaluationWatch``: a framework's evaluation runs while it trains, timed,
+  and the setting that schedules them.
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -58,6 +60,7 @@ from pytest_gputrain.probe.cuda_readings import (
     memory_stats,
     read_backend_flags,
 )
+from pytest_gputrain.probe.evaluation_readings import EvaluationWatch
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
 from pytest_gputrain.probe.gradient_readings import check_at_end, read_gradients
@@ -111,7 +114,7 @@ class RunProbe:
         self.loss = LossWatch(torch, self)
         self.host, self.warnings = HostWatch(self.record), WarningWatch(self.record)
         self.updates = UpdateWatch(torch, self)
-        self.attention = AttentionWatch(torch, self)
+        self.attention, self.evaluation = AttentionWatch(torch, self), EvaluationWatch(self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -182,7 +185,8 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
-            for reader in (self.host, self.warnings, self.updates, self.attention):
+            for reader in (self.host, self.warnings, self.updates, self.attention,
+                           self.evaluation):
                 reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)

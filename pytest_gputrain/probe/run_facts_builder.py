@@ -23,6 +23,7 @@ from typing import Any
 
 from pytest_gputrain.probe import settings_timeline as settings_reads
 from pytest_gputrain.probe.attention_facts import attention_facts
+from pytest_gputrain.probe.evaluation_facts import evaluation_facts
 from pytest_gputrain.probe.facts import (
     ForwardRecord,
     LayerFacts,
@@ -145,6 +146,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.warnings = warning_facts(record)
     run.updates = update_facts(record)
     run.attention = attention_facts(record.attention)
+    run.evaluation = evaluation_facts(record.evaluation, len(record.steps.times),
+                                      record.duration)
     run.nvml = _nvml_facts(record)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)
@@ -301,6 +304,13 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         _last_batch(facts)
         facts.batch_pinned = main.batch_pinned
         facts.batch_small_tensors = main.batch_small_tensors
+        if main.padding:
+            padded = sum(part[0] for part in main.padding)
+            positions = sum(part[1] for part in main.padding)
+            facts.pad_percent = round(100.0 * padded / positions, 2) if positions else None
+            lengths = {length for _, _, length in main.padding}
+            facts.padded_length, facts.padded_lengths = max(lengths), len(lengths)
+            facts.padding_batches = len(main.padding)
         facts.epochs = main.epochs
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)

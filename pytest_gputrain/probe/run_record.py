@@ -535,6 +535,15 @@ class AttentionReadings:
 
 
 @dataclass(slots=True)
+class EvaluationReadings:
+    """A framework's evaluation runs while fitting (``evaluation_readings.EvaluationWatch``)."""
+
+    framework: str | None = None
+    runs: list[tuple[int, float]] = field(default_factory=list)  # (steps done, seconds)
+    settings: dict[str, Any] = field(default_factory=dict)  # the schedule, read at the first
+
+
+@dataclass(slots=True)
 class RunRecord:
     """Everything one test's probe recorded, grouped by concern."""
 
@@ -563,6 +572,7 @@ class RunRecord:
     updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
     grads: GradientReadings = field(default_factory=GradientReadings)
     attention: AttentionReadings = field(default_factory=AttentionReadings)
+    evaluation: EvaluationReadings = field(default_factory=EvaluationReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

@@ -67,6 +67,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.collect.sync_calls import SyncTally, sync_wrappers
+from pytest_gputrain.probe.evaluation_readings import EVALUATIONS
 from pytest_gputrain.probe.instrument_readings import PROFILER_METHODS, ProfilerTimes
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
@@ -545,6 +546,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile"), (torch, "save")]
     owners += [(owner, method) for owner, method, _ in framework_checkpoint_methods()]
+    owners += [(owner, method) for owner, method in (
+        (getattr(sys.modules.get(module), name, None), method)
+        for module, name, method, _ in EVALUATIONS) if isinstance(owner, type)]
     owners += [(owner, name) for owner, name, _ in sync_wrappers(torch, SyncTally())]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.profiler.profile, name) for name in PROFILER_METHODS]
