@@ -21,18 +21,13 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_gputrain.probe.run_record import EvaluationReadings
+from pytest_gputrain.probe.torch_hooks import EVALUATIONS
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
     from pytest_gputrain.probe.torch_hooks import Patches
 
-# (module, class, method, framework) of the evaluation entry points
-EVALUATIONS: Final = (
-    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
-    ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
-    ("transformers.trainer", "Trainer", "evaluate", "transformers"),
-)
 MAX_RUNS: Final = 4096
 
 

@@ -185,8 +185,7 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
-            for reader in (self.host, self.warnings, self.updates, self.attention,
-                           self.evaluation):
+            for reader in (self.host, self.warnings, self.updates, self.attention, self.evaluation):
                 reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)

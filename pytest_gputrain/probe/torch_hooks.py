@@ -67,7 +67,6 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.collect.sync_calls import SyncTally, sync_wrappers
-from pytest_gputrain.probe.evaluation_readings import EVALUATIONS
 from pytest_gputrain.probe.instrument_readings import PROFILER_METHODS, ProfilerTimes
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
@@ -200,6 +199,15 @@ FRAMEWORK_CHECKPOINTS = (
      "lightning Trainer.save_checkpoint"),
     ("pytorch_lightning.trainer.trainer", "Trainer", "save_checkpoint",
      "lightning Trainer.save_checkpoint"),
+)
+
+
+# A framework's evaluation entry points, wrapped where the framework is imported when the probe
+# starts (``evaluation_readings.EvaluationWatch``): (module, class, method, framework).
+EVALUATIONS = (
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
+    ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
+    ("transformers.trainer", "Trainer", "evaluate", "transformers"),
 )
 
 
