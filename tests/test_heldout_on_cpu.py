@@ -57,7 +57,9 @@ def _diagnose(pytester: pytest.Pytester, sample: str, arguments: str) -> str:
         def test_fit():
             sample.train({arguments})
         """)
-    result = pytester.runpytest("--gpu-diagnose", "-p", "no:cacheprovider", "-rA")
+    # Lightning's loops are run in a process of their own, apart from this session's torch
+    run_pytest = pytester.runpytest_subprocess if "lightning" in sample else pytester.runpytest
+    result = run_pytest("--gpu-diagnose", "-p", "no:cacheprovider", "-rA")
     result.assert_outcomes(passed=1)
     return " ".join(result.stdout.str().split())  # the report wraps its lines
 

@@ -74,3 +74,28 @@ def test_is_causal_is_counted_and_checks_nothing() -> None:
     attention = facts.attention
     assert attention.calls == 6 and attention.is_causal_calls == 6 and attention.masked_calls == 0
     assert attention.checked_masks == 0 and attention.causal_masks is None
+
+
+@pytest.mark.parametrize("hint", [True, False])
+def test_a_transformer_encoder_is_seen_through_its_attention(hint: bool) -> None:
+    """nn.MultiheadAttention calls scaled_dot_product_attention: a causal mask with the
+    is_causal hint becomes is_causal=True there; without the hint it stays a mask tensor."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(LENGTH)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.01)
+    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
+    probe.start()
+    try:
+        for _ in range(4):
+            loss = encoder(torch.randn(2, LENGTH, 8), mask=mask, is_causal=hint).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        probe.stop()
+    attention = probe.facts().attention
+    assert attention.calls == 4
+    assert (attention.is_causal_calls, attention.masked_calls) == ((4, 0) if hint else (0, 4))
+    assert attention.causal_masks == (None if hint else 4)
