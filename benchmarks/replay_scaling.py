@@ -140,6 +140,7 @@ class Measure:
     cpu: float  # seconds, user + system
     wall: float
     peak: int  # bytes
+    error: str = ""  # what a refused file was told
 
 
 # `python -m pytest_gputrain`, saying its own peak memory as it exits. Linux carries a parent's
@@ -158,12 +159,14 @@ runpy.run_module("pytest_gputrain", run_name="__main__", alter_sys=True)
 """
 
 
-def replay(path: Path, arguments: list[str]) -> Measure:
+def replay(path: Path, arguments: list[str], codes: tuple[int, ...] = (0,),
+           root: Path = ROOT) -> Measure:
     """One replay in a child process: its CPU time (its own resource usage), wall time and
-    peak resident memory."""
+    peak resident memory. ``codes``: the exit statuses it may end with (a refused file's is
+    2); ``root``: the checkout whose code replays."""
     command = [sys.executable, "-c", _REPLAY, "replay", str(path), "--fail-on", "never",
                "--rootdir", str(path.parent), *arguments]
-    environment = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+    environment = {**os.environ, "COLUMNS": "80", "PYTHONPATH": str(root)}
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              cwd=path.parent, env=environment)
@@ -173,9 +176,13 @@ def replay(path: Path, arguments: list[str]) -> Measure:
     wall = time.perf_counter() - started
     child.returncode = os.waitstatus_to_exitcode(status)
     peak = [line.split()[1] for line in error.splitlines() if line.startswith(_PEAK)]
-    if child.returncode != 0 or not peak:
+    if child.returncode not in codes or not (peak or child.returncode < 0):
         raise SystemExit(f"replay failed ({child.returncode}): {error}")
-    return Measure(usage.ru_utime + usage.ru_stime, wall, int(peak[-1]) * 1024)
+    said = [line for line in error.splitlines() if line.startswith("pytest_gputrain: error")]
+    if child.returncode < 0:  # killed (by the kernel, out of memory): its peak is unknown
+        said = [f"killed by signal {-child.returncode}"]
+    return Measure(usage.ru_utime + usage.ru_stime, wall, int(peak[-1]) * 1024 if peak else 0,
+                   said[0] if said else "")
 
 
 def cpu_model() -> str:

@@ -25,7 +25,12 @@ from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_gputrain import scopes
-from pytest_gputrain.diagnosis_settings import FAIL_ON, parse_fail_on, parse_report_target
+from pytest_gputrain.diagnosis_settings import (
+    FAIL_ON,
+    ReportTarget,
+    parse_fail_on,
+    parse_report_target,
+)
 from pytest_gputrain.engine.evaluate import RuleEngine
 from pytest_gputrain.engine.rule_settings import SettingError, build_config
 from pytest_gputrain.engine.rules import RuleFileError
@@ -43,6 +48,9 @@ from pytest_gputrain.units import printable
 
 class CliError(Exception):
     pass
+
+
+FACTS_FILE = "a pytest-gputrain facts file (written by --gpu-facts-out)"
 
 
 def _project(args: argparse.Namespace) -> ProjectSettings:
@@ -103,14 +111,14 @@ def _fail_on(args: argparse.Namespace) -> str:
 
 
 def load_facts(path: Path) -> FactsFile:
-    from pytest_gputrain.jsonfile import JsonFileError, read_json
+    from pytest_gputrain.jsonfile import JsonFileError, Shape, read_json
 
     try:
-        data = read_json(path)
+        data = read_json(path, Shape(FACTS_FILE, "kind", "pytest-gputrain-facts"))
     except JsonFileError as exc:
         raise CliError(str(exc)) from None
     if not isinstance(data, dict) or data.get("kind") != "pytest-gputrain-facts":
-        raise CliError(f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out)")
+        raise CliError(f"{path}: not {FACTS_FILE}")
     if data.get("schema_version") != 1:
         raise CliError(f"{path}: facts schema version {data.get('schema_version')!r} is not "
                        "supported by this version (expected 1)")
@@ -129,6 +137,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from pytest_gputrain.report.model import build_report, fails, report_json
     from pytest_gputrain.report.terminal import findings_lines, header_lines
 
+    targets = _report_targets(args.report or [])  # checked before the facts are read
     facts = load_facts(Path(args.path))
     engine = _engine(args)
     fail_on = _fail_on(args)
@@ -140,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         where = ".".join(str(p) for p in first["loc"])
         raise CliError(f"{args.path}: invalid run or failure facts at {where}: {first['msg']} "
                        f"({exc.error_count()} problem(s))") from None
-    _write_reports(args.report or [], facts, findings, fail_on)
+    _write_reports(targets, facts, findings, fail_on)
     # The records are judged: let them go before the report is built (most of the memory a
     # replay takes is the file's records, parsed).
     environment = facts.environment
@@ -157,18 +166,34 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if fails(findings, fail_on) else 0
 
 
-def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding],
+def _report_targets(texts: list[str]) -> list[ReportTarget]:
+    """``--report FORMAT:PATH`` values, each path checked as ``--gpu-report``'s are
+    (``outputs.Claims``: a file that can be created or replaced, a device or a pipe; never
+    under /proc or /sys, never one file twice)."""
+    from pytest_gputrain.outputs import Claims, OutputPathError
+
+    targets = []
+    for text in texts:
+        try:
+            targets.append(parse_report_target(text, Path.cwd(), os.environ))
+        except ValueError as exc:
+            raise CliError(f"--report: {exc}") from None
+    try:
+        Claims().claim("--report", [target.path for target in targets])
+    except OutputPathError as exc:
+        raise CliError(str(exc)) from None
+    return targets
+
+
+def _write_reports(targets: list[ReportTarget], facts: FactsFile, findings: list[Finding],
                    fail_on: str) -> None:
-    """``--report FORMAT:PATH`` files, as ``--gpu-report`` writes them (the HTML page too)."""
+    """The ``--report`` files, written as ``--gpu-report`` writes them (the HTML page too),
+    each said on stderr (stdout holds the replay's own report)."""
     from pytest_gputrain.outputs import append_text, write_output
     from pytest_gputrain.report.markdown import report_markdown
     from pytest_gputrain.report.model import build_report, report_json
 
-    for text in targets:
-        try:
-            target = parse_report_target(text, Path.cwd(), os.environ)
-        except ValueError as exc:
-            raise CliError(f"--report: {exc}") from None
+    for target in targets:
         report = build_report(facts.environment, findings, fail_on)
         if target.format == "html":
             from pytest_gputrain.report.html import report_html
@@ -181,6 +206,7 @@ def _write_reports(targets: list[str], facts: FactsFile, findings: list[Finding]
         except OSError as exc:
             raise CliError(f"--report: could not write {target.path}: "
                            f"{exc.strerror or exc}") from None
+        print(f"gputrain: report written to {target.path}", file=sys.stderr)
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -254,17 +280,19 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                        metavar="CODE.PARAM=VALUE", help="instead of gpu_rule_param")
         p.add_argument("--rules-dir", action="append", type=not_empty, metavar="DIR",
                        help="extra rule folder (instead of gpu_rules_dir)")
-        p.add_argument("--rootdir", metavar="DIR", help="the project's rootdir, as pytest's "
-                       "--rootdir (default: found from the current directory, as pytest does)")
-        p.add_argument("-c", "--config-file", metavar="FILE", help="the project's ini file, "
-                       "as pytest's -c (default: found as pytest finds it)")
+        p.add_argument("--rootdir", metavar="DIR", type=not_empty,
+                       help="the project's rootdir, as pytest's --rootdir (default: found from "
+                            "the current directory, as pytest does)")
+        p.add_argument("-c", "--config-file", metavar="FILE", type=not_empty,
+                       help="the project's ini file, as pytest's -c (default: found as pytest "
+                            "finds it)")
 
     replay = sub.add_parser(
         "replay", help="run the rules on facts recorded by --gpu-facts-out",
         description="Run the rules on a facts file written by `pytest --gpu-diagnose "
                     "--gpu-facts-out=FILE`, on any machine: the findings are those the recording "
                     "machine would get. Exits 1 when a finding reaches --fail-on.")
-    replay.add_argument("path", metavar="FACTS_FILE",
+    replay.add_argument("path", metavar="FACTS_FILE", type=not_empty,
                         help="the JSON file written by --gpu-facts-out")
     replay.add_argument("--format", choices=("text", "json", "md"), default="text",
                         help="text: the terminal report (default); json: the --gpu-report "
@@ -272,7 +300,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     replay.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="default: the ini file's gpu_fail_on, else error")
     replay.add_argument("-v", "--verbose", action="store_true", help="show why and evidence")
-    replay.add_argument("--report", action="append", metavar="FORMAT:PATH",
+    replay.add_argument("--report", action="append", metavar="FORMAT:PATH", type=not_empty,
                         help="also write a report file, as pytest's --gpu-report: html:PATH "
                              "(the page with each test's timeline), json:PATH or md:PATH, or a "
                              "path ending in .html, .json or .md; repeatable")
@@ -294,8 +322,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                     "and what to write instead, the fix, its options and references. Any rule, "
                     "whatever gpu_select and gpu_ignore choose; its severity and options are this "
                     "project's (gpu_severity, gpu_rule_param).")
-    explain.add_argument("code", metavar="CODE", help="a rule's code (GT007) or name "
-                         "(other-processes-hold-vram)")
+    explain.add_argument("code", metavar="CODE", type=not_empty,
+                         help="a rule's code (GT007) or name (other-processes-hold-vram)")
     rule_options(explain, selection=False)
     explain.set_defaults(func=cmd_explain)
 

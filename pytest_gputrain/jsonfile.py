@@ -14,6 +14,17 @@ crashes far from the file: a ``RecursionError`` for ``[[[[…`` nested thousands
 (``"\\ud800"``, legal in JSON, unprintable in UTF-8) reaches the terminal. :func:`read_json`
 turns each into a :class:`JsonFileError` that names the file and the problem, or, for the
 surrogate, into text that prints (``\\ud800`` written out).
+
+Parsed, JSON takes many times its size in memory: a facts file about five times, but a file of
+nested empty arrays (``[[],[],…]``) twenty, and 200 MB of them took 43 s and 4.6 GB before
+being refused as no facts file. Given a :class:`Shape`, :func:`read_json` checks the file's
+top level while it reads it, in bounded memory and before the parse: the first thing in it
+must open an object (refused after one block read otherwise), and from
+:data:`SHAPE_CHECK_FROM` bytes on it must name its kind (a facts file's ``"kind":
+"pytest-gputrain-facts"``) and hold no more arrays and objects than one per
+:data:`MIN_BYTES_PER_CONTAINER` bytes (a facts file holds one per 100 bytes or more): what is
+refused costs a read of the file, and what is parsed no more than a few times its size
+(``benchmarks/facts_shape.py`` measures both).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,16 +78,61 @@ def input_limit() -> int:
     return limit
 
 
-def read_limited(path: Path) -> bytes:
+# A facts file of the 71 recorded in tests/facts holds one array or object per 104 bytes at
+# the densest (written without spaces); a third of that leaves room for any real one.
+MIN_BYTES_PER_CONTAINER = 32
+# Below this size a file is parsed whatever it holds (it cannot cost much memory), so that a
+# small file's error is the parser's own, precise one ("not valid JSON" at its line).
+SHAPE_CHECK_FROM = 4 * 2**20
+_BLOCK = 2**20  # bytes read at a time: the top level is checked in the first
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the top level of a JSON input must be, checked as it is read (:func:`read_json`):
+    an object that holds ``"key": "value"`` (its kind), and ``what`` it is, for messages."""
+
+    what: str  # "a pytest-gputrain facts file (written by --gpu-facts-out)"
+    key: str
+    value: str
+
+    def marker(self) -> re.Pattern[bytes]:
+        return re.compile(rb'"' + re.escape(self.key.encode()) + rb'"\s*:\s*"'
+                          + re.escape(self.value.encode()) + rb'"')
+
+
+def _first_byte(block: bytes) -> bytes:
+    """The first byte of JSON text in ``block`` (after a byte order mark and white space)."""
+    return block.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1]
+
+
+def read_limited(path: Path, shape: Shape | None = None) -> bytes:
     """The bytes of ``path``, read up to :func:`input_limit`; :class:`InputFileError` naming
-    the file when it is missing, unreadable or larger."""
+    the file when it is missing, unreadable or larger, or (with ``shape``) when it is not of
+    that shape (:class:`Shape`): its first block does not open an object, or, from
+    :data:`SHAPE_CHECK_FROM` bytes, it does not name its kind or holds arrays and objects more
+    densely than any such file."""
     try:
         limit = input_limit()
     except ValueError as exc:
         raise InputFileError(f"{path}: not read: {exc}") from None
+    data = bytearray()
+    containers = 0
+    started = False  # the first byte of JSON text has been seen
     try:
         with open(path, "rb") as stream:
-            data = stream.read(limit + 1)
+            while len(data) <= limit:
+                block = stream.read(min(_BLOCK, limit + 1 - len(data)))
+                if not block:
+                    break
+                if shape is not None and not started:
+                    first = _first_byte(block)
+                    started = bool(first)
+                    if started and first != b"{":
+                        raise InputFileError(_not_shaped(path, shape, "its top level is not "
+                                                         "an object"))
+                containers += block.count(b"[") + block.count(b"{")
+                data += block
     except FileNotFoundError:
         raise InputFileError(f"{path}: no such file") from None
     except OSError as exc:
@@ -85,7 +142,19 @@ def read_limited(path: Path) -> bytes:
         raise InputFileError(f"{path}: larger than {shown_limit} ({limit} bytes), the "
                              f"most an input file may hold; set {INPUT_LIMIT_VARIABLE} (e.g. "
                              "1GiB) to read a larger one")
-    return data
+    if shape is not None and started and len(data) >= SHAPE_CHECK_FROM:
+        if containers * MIN_BYTES_PER_CONTAINER > len(data):
+            raise InputFileError(_not_shaped(
+                path, shape, f"it holds {containers} arrays and objects in {len(data)} bytes, "
+                f"more than one per {MIN_BYTES_PER_CONTAINER} bytes"))
+        if shape.marker().search(data) is None:
+            raise InputFileError(_not_shaped(path, shape,
+                                             f'no "{shape.key}": "{shape.value}" in it'))
+    return bytes(data)
+
+
+def _not_shaped(path: Path, shape: Shape, why: str) -> str:
+    return f"{path}: not {shape.what}: {why}"
 
 
 class _OutOfRange(ValueError):
@@ -139,10 +208,11 @@ def _replace_lone_surrogates(data: Any) -> Any:
     return data
 
 
-def read_json(path: Path) -> Any:
-    """The parsed content of ``path``; raises :class:`JsonFileError` naming the file."""
+def read_json(path: Path, shape: Shape | None = None) -> Any:
+    """The parsed content of ``path``; raises :class:`JsonFileError` naming the file. With
+    ``shape``, a file whose top level is not of that shape is refused before it is parsed."""
     try:
-        raw = read_limited(path)
+        raw = read_limited(path, shape)
     except InputFileError as exc:
         raise JsonFileError(str(exc)) from None
     try:

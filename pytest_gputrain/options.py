@@ -118,7 +118,8 @@ def parse_choice(value: object, choices: Sequence[str], what: str) -> str:
 
 def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> None:
     """Register each option on the command line and as its ini twin (every feature uses this).
-    A value on the command line may not be empty; in the ini file an empty value is unset."""
+    A value may not be empty, on the command line (``not_empty``) or in the ini file
+    (``ini_value``)."""
     group = parser.getgroup(GROUP, GROUP_DESCRIPTION)
     for option in table:
         cli_help = option.help.replace("%", "%%")  # argparse %-formats help texts
@@ -185,8 +186,19 @@ def usage_error(config: pytest.Config, ini: str, message: str) -> pytest.UsageEr
 
 
 def ini_value(config: pytest.Config, ini: str) -> Any:
-    """The ini file's value of ``ini``, or of its old name where only that is set."""
+    """The ini file's value of ``ini``, or of its old name where only that is set. A setting
+    written with no value (``gpu_cannot_tell =``) is a usage error naming it, as an empty
+    value on the command line is: it reads as a typo, and quietly taking the default would
+    hide it. (pytest gives "" only for a value set empty: an unset one is the default, which
+    is never "".)"""
     value = config.getini(ini)
+    if isinstance(value, str) and value == "":
+        if given_as(config, ini).startswith("-o "):
+            raise pytest.UsageError(f"-o {ini}: an empty value is not a setting: give it a "
+                                    "value, or leave it out for its default")
+        where = f" ({config.inipath})" if config.inipath else ""
+        raise pytest.UsageError(f"{ini} is set to an empty value in the ini file{where}: give "
+                                "it a value, or leave it out for its default")
     old = OLD_INI_NAME.get(ini)
     return config.getini(old) if old is not None and not value else value
 

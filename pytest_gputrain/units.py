@@ -47,12 +47,17 @@ MAX_SIZE_TEXT = "1 EiB (2**60 bytes)"
 
 # C0 controls but tab and newline, DEL, and C1 controls: what a terminal acts on (an escape
 # sequence that clears the screen, moves the cursor, rewrites the title) rather than prints.
-# And the invisible marks that reorder or break text where it is shown (Trojan Source,
-# CVE-2021-42574): the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
-# U+2066-U+2069), the direction marks (U+200E, U+200F, U+061C) and the line and paragraph
-# separators (U+2028, U+2029).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e"
-                      "\u2066-\u2069]")
+# And the invisible marks that reorder, hide or break text where it is shown (Trojan Source,
+# CVE-2021-42574 and CVE-2021-42694): the bidirectional embeddings, overrides and isolates
+# (U+202A-U+202E, U+2066-U+2069), the direction marks (U+200E, U+200F, U+061C), the line and
+# paragraph separators (U+2028, U+2029), and the formatting characters that show nothing: the
+# zero-width space (U+200B), the word joiner and invisible operators (U+2060-U+2064), the
+# deprecated shaping controls (U+206A-U+206F), the Mongolian vowel separator (U+180E), the
+# zero-width no-break space (U+FEFF) and the interlinear annotation marks (U+FFF9-U+FFFB).
+# The zero-width joiner and non-joiner (U+200C, U+200D) stay: emoji and Persian or Indic text
+# need them, and they reorder nothing.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f"
+                      "\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]")
 
 
 def _written_out(character: str) -> str:

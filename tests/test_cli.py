@@ -97,7 +97,8 @@ DEEP = "arrays or objects are nested too deeply to read (a facts file nests fewe
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ("[" * 100_000, DEEP),
+        ("[" * 100_000, "not a pytest-gputrain facts file (written by --gpu-facts-out): its top "
+                        "level is not an object"),
         (_healthy_run_with('"runs": [', '"runs": [' + "[" * 100_000 + "]" * 100_000 + ","),
          DEEP),
         (_healthy_run_with('"runs": [', '"runs": [' + "9" * 5000 + ","),

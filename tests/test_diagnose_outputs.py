@@ -24,7 +24,9 @@ def diagnosed(pytester: pytest.Pytester, use_facts: Callable[..., Any]) -> pytes
 def test_one_unwritable_report_leaves_the_other_outputs_and_the_summary(
     diagnosed: pytest.Pytester,
 ) -> None:
-    (diagnosed.path / "afile").write_text("in the way\n")
+    # The file in the way appears while the tests run: at start-up the path was writable.
+    diagnosed.makepyfile("from pathlib import Path\n\n\ndef test_ok():\n"
+                         "    Path('afile').write_text('in the way')\n")
     result = diagnosed.runpytest("--gpu-report=afile/report.md", "--gpu-report=good.json",
                                  "--gpu-facts-out=facts.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -40,14 +42,17 @@ def test_one_unwritable_report_leaves_the_other_outputs_and_the_summary(
 
 
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux's /sys")
-def test_a_report_in_a_folder_that_refuses_writes(diagnosed: pytest.Pytester) -> None:
-    # /sys refuses new folders even to root, where a chmod 555 folder would not.
+def test_a_report_in_a_folder_that_refuses_writes_is_refused_at_start_up(
+    diagnosed: pytest.Pytester,
+) -> None:
+    # /sys refuses new folders even to root, where a chmod 555 folder would not: found before
+    # the tests run, not after.
     result = diagnosed.runpytest("--gpu-report=/sys/gputrain-test/report.md",
                                  "--gpu-facts-out=facts.json")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        "gputrain: could not write the report /sys/gputrain-test/report.md: "
-        "Operation not permitted", "gputrain: facts written to */facts.json", "*= 1 passed *"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --gpu-report: "
+                                 "/sys/gputrain-test/report.md is under /sys*"])
+    assert "passed" not in result.stdout.str()
 
 
 def test_explicit_formats_and_the_step_summary_is_appended(
@@ -160,8 +165,11 @@ def test_ctrl_c_while_writing_a_report_writes_the_rest_and_exits_as_interrupted(
 
 
 def test_ctrl_c_while_judging_still_writes_the_facts(pytester: pytest.Pytester) -> None:
+    # The rules are judged once at the start (the environment, for the header) and again at the
+    # end with the tests' records: Ctrl-C comes in that last judgement.
     pytester.makeconftest(INTERRUPT_CONFTEST.format(
-        module="pytest_gputrain.engine.evaluate", name="RuleEngine.evaluate_environment"))
+        module="pytest_gputrain.diagnosis", name="DiagnosisSession.findings")
+        .replace("= _interrupted", "= property(_interrupted)"))
     pytester.makepyfile("def test_ok(): pass")
     result = pytester.runpytest_subprocess("--gpu-report=report.json",
                                            "--gpu-facts-out=facts.json")

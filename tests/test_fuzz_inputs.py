@@ -26,6 +26,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from endless_input import endless_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -266,9 +267,13 @@ def test_facts_file_fields_replay_or_are_refused(field: str, value: Any, form: s
 @given(limit=st.integers(min_value=1, max_value=2**16))
 def test_unbounded_input_stops_at_the_limit(limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(INPUT_LIMIT_VARIABLE, str(limit))
+    with tempfile.TemporaryDirectory() as folder, endless_json(Path(folder)) as endless, \
+            bounded():
+        code, _, err = run_cli(["replay", str(endless)])
+    assert code == 2 and f"{endless}: larger than" in err
     with bounded():
-        code, _, err = run_cli(["replay", "/dev/zero"])
-    assert code == 2 and "/dev/zero: larger than" in err
+        code, _, err = run_cli(["replay", "/dev/zero"])  # refused at its first block
+    assert code == 2 and "/dev/zero: not a pytest-gputrain facts file" in err
 
 
 # -- output paths of every kind --------------------------------------------------------------
@@ -360,3 +365,185 @@ def test_outputs_replace_only_their_own_files(targets: list[tuple[str, str, str]
         assert leftovers == [], "temporary files left behind"
     for server in keep:
         server.close()
+
+
+# -- store URLs: the one redaction (issue 29) --------------------------------------------------
+
+# Every printable ASCII character, the reserved ones of a URL weighted up, and beyond ASCII.
+URL_CHARACTERS = st.one_of(st.sampled_from(list("@:/?#[]%&=+,;$!*'() \\\"")),
+                           st.characters(min_codepoint=0x21, max_codepoint=0x7E),
+                           st.characters(blacklist_categories=("Cc", "Cs", "Co", "Cn")))
+URL_PARTS = st.text(URL_CHARACTERS, max_size=12)
+URL_FORMS = st.sampled_from([
+    "postgresql://{user}:{password}@{host}/{db}",
+    "postgres://{user}:{password}@{host}:5432/{db}?sslmode=require",
+    "postgresql://{user}:{password}@/{db}?host=/run/{host}",
+    "postgresql://{host}/{db}?user={user}&password={password}",
+    "postgresql://{user}@{host}/{db}?sslpassword={password}&application_name={db}",
+    "postgresql://{user}:{password}@[{host}/{db}",
+])
+
+
+@settings(FUZZ, max_examples=400)
+@given(form=URL_FORMS, user=URL_PARTS, password=st.text(URL_CHARACTERS, min_size=3,
+                                                         max_size=16),
+       host=URL_PARTS, db=URL_PARTS)
+def test_no_store_url_shows_a_password_libpq_reads_in_it(form: str, user: str, password: str,
+                                                         host: str, db: str) -> None:
+    """A URL written any way, raw reserved characters and all: what libpq reads as a secret
+    is never shown, and neither is the password the URL was written with, unless the rest of
+    the URL shows its text anyway; nothing of a URL libpq cannot read is shown."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from pytest_gputrain.regression.store_location import describe, redact
+
+    url = form.format(user=user, password=password, host=host, db=db)
+    shown = describe(url)  # never raises
+    scheme = url.split("://")[0]
+    assert shown.startswith(f"{scheme}://")
+    rest = describe(form.format(user=user, password="x", host=host, db=db))
+    if password not in rest:
+        assert password not in shown, (url, shown)
+    try:
+        parameters = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        assert shown == f"{scheme}://***"
+        return
+    for key in ("password", "sslpassword"):
+        secret = parameters.get(key)
+        if secret and secret not in rest.replace("***", ""):
+            assert secret not in shown, (url, shown)
+            assert secret not in redact(f"libpq said: {secret}", url)
+
+
+# -- the history site: written into its own folder, never through a link (issue 29) -----------
+
+SITE_NAMES = ("index.html", "tests", "tests/a.html", "tests/b.html")
+SITE_KINDS = ("absent", "file", "folder", "link_to_file", "link_to_folder", "dangling_link")
+
+
+@settings(FUZZ, max_examples=150)
+@given(folder_kind=st.sampled_from(("absent", "folder", "link_to_folder", "file")),
+       inside=st.dictionaries(st.sampled_from(SITE_NAMES), st.sampled_from(SITE_KINDS),
+                              max_size=4))
+def test_a_folder_of_pages_is_never_written_through_a_link(folder_kind: str,
+                                                          inside: dict[str, str]) -> None:
+    with tempfile.TemporaryDirectory() as name:
+        root = Path(name)
+        outside = root / "outside"
+        outside.mkdir()
+        (outside / "victim.html").write_text("theirs\n")
+        folder = root / "site"
+        if folder_kind == "folder":
+            folder.mkdir()
+        elif folder_kind == "link_to_folder":
+            folder.symlink_to(outside)
+        elif folder_kind == "file":
+            folder.write_text("a file\n")
+        if folder_kind == "folder":
+            for relative, kind in sorted(inside.items()):
+                path = folder / relative
+                if not path.parent.is_dir() or path.parent.is_symlink():
+                    continue
+                if kind == "file":
+                    path.write_text("old\n")
+                elif kind == "folder":
+                    path.mkdir()
+                elif kind == "link_to_file":
+                    path.symlink_to(outside / "victim.html")
+                elif kind == "link_to_folder":
+                    path.symlink_to(outside)
+                elif kind == "dangling_link":
+                    path.symlink_to(outside / "nothing")
+        before = sorted(p.name for p in outside.iterdir())
+        pages = {"index.html": b"index", "tests/a.html": b"a"}
+        with bounded(5):
+            try:
+                outputs.write_folder(folder, pages)
+                written = True
+            except (outputs.OutputPathError, OSError) as exc:
+                assert str(root) in str(exc), exc
+                written = False
+        assert sorted(p.name for p in outside.iterdir()) == before, "written outside"
+        assert (outside / "victim.html").read_text() == "theirs\n"
+        if written:
+            assert not folder.is_symlink()
+            for relative, data in pages.items():
+                page = folder / relative
+                assert not page.is_symlink() and page.read_bytes() == data
+        assert not [p for p in root.rglob(".*")], "temporary files left behind"
+
+
+# -- facts files: their shape checked before the parse (issue 29) -----------------------------
+
+
+@settings(FUZZ, max_examples=200)
+@given(value=JSON_VALUES, kind=st.sampled_from(["", '"kind": "pytest-gputrain-facts", ']),
+       wrap=st.booleans())
+def test_any_json_is_read_or_refused_by_its_shape(value: Any, kind: str, wrap: bool) -> None:
+    from pytest_gputrain.jsonfile import JsonFileError, Shape, read_json
+
+    shape = Shape("a facts file", "kind", "pytest-gputrain-facts")
+    text = ("{" + kind + '"value": ' + json.dumps(value) + "}") if wrap else json.dumps(value)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "facts.json"
+        path.write_text(text, encoding="utf-8", errors="surrogatepass")
+        with bounded(5):
+            try:
+                data = read_json(path, shape)
+            except JsonFileError as exc:
+                assert str(path) in str(exc)
+                return
+    # Small, a file is parsed whatever it holds but its top level must be an object; large,
+    # its kind must be named too (tests/test_untrusted_inputs.py: the large files).
+    assert isinstance(data, dict), "a file whose top level is no object was parsed"
+
+
+# -- the history and compare commands' options (issue 29) --------------------------------------
+
+HISTORY_OPTIONS = ["--name", "--test", "--limit", "--min-change", "--metric", "--step-summary",
+                   "--png", "--html"]
+COMPARE_OPTIONS = ["--regression", "--alpha", "--lookback", "--cannot-tell", "--max-sessions",
+                   "--step-summary"]
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pytest_gputrain.regression.store import ResultRecord
+    from pytest_gputrain.regression.store_backends import open_store
+
+    path = tmp_path_factory.mktemp("store") / "b.sqlite"
+    with open_store(path) as store:
+        for name in ("base", "head"):
+            rounds = [0.01 * (1 + 0.001 * k) for k in range(12)]
+            store.save_run(name, {"device_type": "cpu"}, "h", None, [ResultRecord(
+                "t.py::test_a", {"device_type": "cpu"}, "h", 12,
+                {"step_time": rounds, "throttled": [False] * 12}, {})])
+    # ruptures (--html) imported now, not under an example's alarm: an import cut short there
+    # leaves scipy half imported for every later example.
+    from pytest_gputrain.regression import change_points
+
+    change_points.check_available()
+    return path
+
+
+@settings(FUZZ, max_examples=120)
+@given(command=st.sampled_from(["history", "compare"]), data=st.data(), value=VALUES)
+def test_history_and_compare_options_answer_or_refuse(small_store: Path, command: str,
+                                                      data: st.DataObject, value: str) -> None:
+    options_ = HISTORY_OPTIONS if command == "history" else COMPARE_OPTIONS
+    option = data.draw(st.sampled_from(options_))
+    args = ["compare", "base", "head"] if command == "compare" else ["history"]
+    with tempfile.TemporaryDirectory() as folder:
+        cwd = os.getcwd()
+        os.chdir(folder)  # a generated --png or --html path lands in a folder of its own
+        try:
+            with bounded():
+                code, out, err = run_cli([*args, "--store", str(small_store), option, value])
+        finally:
+            os.chdir(cwd)
+    assert code in (0, 1, 2, 3), err  # 3: --max-sessions asks for more sessions
+    assert "Traceback" not in out + err
+    if not value.strip():
+        assert code == 2 and option in err, err

@@ -223,7 +223,7 @@ def test_an_empty_store_a_file_in_the_way_and_no_ruptures(
     (tmp_path / "taken").write_text("")
     code, _, err = cli(capsys, "history", "--store", str(store), "--html",
                        str(tmp_path / "taken"))
-    assert code == 2 and "a file is in the way" in err
+    assert code == 2 and "taken is a file, not a folder" in err, err
     monkeypatch.setitem(sys.modules, "ruptures", None)
     code, _, err = cli(capsys, "history", "--store", str(store), "--changes")
     assert code == 2 and "pip install 'pytest-gputrain[changes]'" in err

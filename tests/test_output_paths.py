@@ -198,3 +198,72 @@ def test_a_regular_file_is_still_replaced_whole(diagnosed: pytest.Pytester) -> N
     assert result.ret == 0
     assert json.loads((diagnosed.path / "facts.json").read_text())["kind"] == (
         "pytest-gputrain-facts")
+
+
+# -- the start-up check refuses what it cannot create or replace (issue 29) --------------------
+
+
+@pytest.mark.parametrize("option, ini, path", [
+    ("--gpu-report=json:{}", "--gpu-report", "/proc/self/mem"),
+    ("--gpu-facts-out={}", "--gpu-facts-out", "/proc/sys/kernel/hostname.json"),
+    ("--gpu-benchmark-json={}", "--gpu-benchmark-json",
+     "/sys/kernel/gputrain.json"),
+])
+def test_kernel_interfaces_are_refused_before_the_tests_run(
+    diagnosed: pytest.Pytester, option: str, ini: str, path: str
+) -> None:
+    result = diagnosed.runpytest(option.format(path))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {ini}: {path} is under /*, the kernel's interface, "
+                                 "not a file an output can be written to"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_a_path_below_a_file_is_refused_before_the_tests_run(diagnosed: pytest.Pytester
+                                                             ) -> None:
+    (diagnosed.path / "afile").write_text("in the way\n")
+    result = diagnosed.runpytest("--gpu-facts-out=afile/facts.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --gpu-facts-out: */afile/facts.json "
+                                 "cannot be created: */afile is a file, not a folder"])
+
+
+def test_an_output_on_the_store_of_a_compare_is_refused(diagnosed: pytest.Pytester) -> None:
+    (diagnosed.path / "bench.sqlite").write_bytes(b"")
+    result = diagnosed.runpytest("--gpu-compare=latest", "--gpu-store=bench.sqlite",
+                                 "--gpu-report=json:bench.sqlite")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --gpu-report would overwrite "
+                                 "*/bench.sqlite, which --gpu-store names and this "
+                                 "run reads; give --gpu-report its own file"])
+
+
+# -- replay --report: the same claims and writer as --gpu-report (issue 30, item 6) ------------
+
+
+def test_replay_reports_are_checked_as_gpu_report_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_gputrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    facts = str(Path(__file__).parent / "facts" / "cpu_laptop.json")
+    code = main(["replay", facts, "--format", "json", "--report", "html:new/deeper/r.html",
+                 "--report", "md:r.md"])
+    out, err = capsys.readouterr()
+    assert code == 0, err  # no finding reaches the default fail-on on the laptop
+    assert json.loads(out)["schema_version"] == 1  # stdout keeps the replay's own report
+    assert err.splitlines() == [f"gputrain: report written to {tmp_path}/new/deeper/r.html",
+                                f"gputrain: report written to {tmp_path}/r.md"]
+    assert (tmp_path / "new" / "deeper" / "r.html").read_text().startswith("<!DOCTYPE html>")
+    for args, message in [
+        (["--report", "json:/proc/self/mem"], "--report: /proc/self/mem is under /proc"),
+        (["--report", "json:x.json", "--report", "md:x.json"], "--report names the same file "
+                                                               "twice"),
+        (["--report", f"json:{tmp_path}"], "is a directory: an output goes to a new or regular"),
+        (["--report", "json:r.md/below.json"], "cannot be created: "),
+    ]:
+        assert main(["replay", facts, *args]) == 2
+        out, err = capsys.readouterr()
+        assert message in err, (args, err)
+        assert out == ""  # refused before anything is replayed

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import torch
 
+from pytest_gputrain.collect import cupti
 from pytest_gputrain.facts import DeviceSample
-from pytest_gputrain.probe import cupti, module_readings, nvml_timeline, run
+from pytest_gputrain.probe import module_readings, nvml_timeline, run
 from pytest_gputrain.probe.loader import LoaderTracker
 from pytest_gputrain.probe.run_facts_builder import ProcessReadings, build_run_facts
 from pytest_gputrain.probe.run_record import (

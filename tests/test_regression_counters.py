@@ -126,7 +126,7 @@ def test_each_kind_is_gated_on_its_own_metrics() -> None:
     assert launch["host_cpu"] == 0.02 and launch["instructions"] == 0.01
     assert "gpu_time" not in launch and "ops" not in launch
     gpu = AUTO.gated(["gpu"])
-    assert set(gpu) == {"step_time", "peak_vram", "gpu_time"}
+    assert set(gpu) == {"step_time", "peak_vram", "gpu_time", "syncs", "cuda_mallocs"}
     assert AUTO.gated(["host"]) == {"step_time": 0.05, "peak_vram": 0.02, "ops": 0.0,
                                     "instructions": 0.01}
     unknown = AUTO.gated([None])
@@ -214,14 +214,19 @@ def test_kernels_picked_by_cudnn_autotuning_are_not_the_codes() -> None:
 
 
 def test_a_gpu_bound_step_is_judged_by_its_times_and_says_what_it_counted() -> None:
-    baseline, current = sides(counted(kind="gpu"), counted(kind="gpu", syncs=1,
-                                                           sync_sites=[ITEM]))
+    """More kernels on a GPU-bound step are the GPU time's to judge (the counter is shown, not
+    gated); a new sync is gated on every kind: the GPU's queue runs dry while the host waits."""
+    baseline, current = sides(counted(kind="gpu"), counted(kind="gpu", kernels=614))
     rows = rows_by_metric(compare_test(NODE, baseline, current, AUTO))
-    assert "syncs" not in rows and "kernels" not in rows  # not gated on a GPU-bound step
+    assert "kernels" not in rows  # not gated on a GPU-bound step
     report = GateReport(AUTO, comparisons=list(rows.values()),
                         explanations=[explain.explain(NODE, baseline, current)])  # type: ignore
     lines = [text for text, _ in compare_lines(report)]
-    assert any(line.startswith(f"counted per step in {NODE}: +1 sync per step") for line in lines)
+    assert any(line.startswith(f"counted per step in {NODE}: +2 kernels per step")
+               for line in lines), lines
+    synced = sides(counted(kind="gpu"), counted(kind="gpu", syncs=1, sync_sites=[ITEM]))
+    sync_row = rows_by_metric(compare_test(NODE, *synced, AUTO))["syncs"]
+    assert sync_row.verdict == "regression" and sync_row.exact
 
 
 # -- the host counters ---------------------------------------------------------------------------

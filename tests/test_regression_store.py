@@ -13,7 +13,7 @@ import pytest
 
 from pytest_gputrain.regression import fingerprint as fp
 from pytest_gputrain.regression.store import ResultRecord, StoreError
-from pytest_gputrain.regression.store_backends import inspect, open_store
+from pytest_gputrain.regression.store_backends import inspect, open_for_reading, open_store
 from pytest_gputrain.regression.store_location import (
     Location,
     describe,
@@ -419,6 +419,35 @@ def test_a_store_of_schema_1_is_upgraded_and_loses_nothing(location: Location) -
         assert len(store.runs()) == len(expected) + 1
 
 
+def test_a_store_of_schema_1_is_read_as_it_is_and_not_upgraded(location: Location) -> None:
+    """``history`` and ``compare`` open a store for reading only: one of schema 1 (a CI cache
+    saved by the version before) reads whole, its counters none, and stays schema 1 byte for
+    byte (it answered "no such column: counters" when the reading merged with the upgrade)."""
+    import json
+
+    from pytest_gputrain.cli import main as cli_main
+
+    schema1_store(location)
+    prefix = "" if isinstance(location, Path) else "gputrain."
+    if isinstance(location, Path):
+        raw_execute(location, "PRAGMA journal_mode = DELETE")
+    before = snapshot(location), saved_rows(location)
+    expected = json.loads((STORES / "schema1_expected.json").read_text())
+    with open_for_reading(location) as store:
+        runs = sorted(store.runs(), key=lambda r: r.id)
+        assert [run.to_json() for run in runs] == [entry["run"] for entry in expected]
+        for run, entry in zip(runs, expected, strict=True):
+            results = store.results(run.id)
+            assert set(results) == set(entry["results"])
+            assert all(result.counters is None for result in results.values())
+            for nodeid in results:
+                assert [r.nodeid for _, r in store.history(nodeid)] != []
+    assert cli_main(["compare", "pr-41", "main", "--store", str(location), "--force"]) in (0, 1)
+    assert (snapshot(location), saved_rows(location)) == before
+    assert inspect(location) == "older"
+    assert raw_execute(location, f"SELECT version FROM {prefix}gputrain_schema")[0][0] == 1
+
+
 def test_a_failed_upgrade_changes_nothing(location: Location) -> None:
     """A schema-1 store whose results table already has a column of that name (someone's own
     addition): the upgrade fails in its transaction and the store stays as it was."""
@@ -551,13 +580,28 @@ def test_postgres_without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_describe_hides_passwords() -> None:
     assert describe("postgresql://u:pw@h:5/db?sslmode=require") == \
         "postgresql://u:***@h:5/db?sslmode=require"
-    assert describe("postgresql://h/db?password=pw&user=u") == \
-        "postgresql://h/db?password=***&user=u"
+    # Every parameter libpq itself hides, wherever it is written.
+    assert describe("postgresql://h/db?password=pw&user=u&sslpassword=key") == \
+        "postgresql://u:***@h/db?sslpassword=***"
     assert describe(Path("a/b.sqlite")) == "a/b.sqlite"
-    # A URL that cannot be taken apart still hides what looks like a password.
-    assert describe("postgresql://u:pw@[::1/db?password=x") == \
-        "postgresql://u:***@[::1/db?password=***"
-    assert describe("postgresql://[::1") == "postgresql://[::1"
+    # libpq reads a raw # into the password (issue 29): so does the redaction.
+    assert describe("postgresql://leak:Sekr1t#PW-88@/db?host=/path/to/sock") == \
+        "postgresql://leak:***@/db?host=/path/to/sock"
+    # A URL libpq cannot read, or reads as what cannot have been meant (a raw / or @ in a
+    # password ends the user part early), shows nothing after its scheme.
+    for url in ("postgresql://u:pw@[::1/db?password=x", "postgresql://[::1",
+                "postgresql://u:pa/ss@h/db", "postgresql://u:p@ss@h/db",
+                "postgres://u:pw@h/db?nonsense=1"):
+        assert describe(url) == url.split("://")[0] + "://***", url
+
+
+def test_describe_without_psycopg_shows_no_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.setitem(sys.modules, "psycopg.conninfo", None)
+    assert describe("postgresql://ci:s3cret@db.example.com/bench") == "postgresql://***"
+    assert describe(Path("b.sqlite")) == "b.sqlite"
 
 
 def test_store_locations(tmp_path: Path) -> None:
@@ -571,8 +615,8 @@ def test_store_locations(tmp_path: Path) -> None:
     assert resolve_store(None, tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
     assert resolve_store("  ", tmp_path, root) == root / ".gputrain" / "benchmarks.sqlite"
     assert resolve_store("b.sqlite", tmp_path, root) == tmp_path / "b.sqlite"
-    with pytest.raises(ValueError, match=r"^'postgresql://u:\*\*\*@\[::1' is not a valid "
-                                         r"PostgreSQL URL \(Invalid IPv6 URL\); e\.g\. "):
+    with pytest.raises(ValueError, match=r"^postgresql://\*\*\* is not a valid PostgreSQL URL: "
+                                         r"libpq cannot read it as meant \(not shown"):
         parse_location("postgresql://u:pw@[::1", tmp_path)
     with pytest.raises(ValueError, match=r"^'mysql':// is not a store this version knows"):
         parse_location("mysql://db/x", tmp_path)

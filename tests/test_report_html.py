@@ -310,9 +310,9 @@ def test_the_summary_has_a_row_per_test_failed_and_most_severe_first() -> None:
         "The GPU waits for the DataLoader" in starved.titles
     assert starved.figures.loader_wait is not None and starved.figures.loader_wait > 90
     assert starved.sparkline.startswith("<svg") and starved.starts_open
-    # A forgotten profiler is an info finding, but it costs every step: the test starts open.
+    # A forgotten profiler costs every step: a warning by its measured cost, the test open.
     profiler = next(t for t in page.tests if "profiler_left_on" in t.nodeid)
-    assert profiler.worst == "info" and profiler.starts_open
+    assert profiler.worst == "warning" and profiler.starts_open
     healthy = next(t for t in page.tests if "healthy_resnet" in t.nodeid)
     assert not healthy.starts_open
 

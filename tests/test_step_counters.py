@@ -6,6 +6,7 @@ records where no GPU is at hand."""
 from __future__ import annotations
 
 import errno
+import sys
 import threading
 import warnings
 from types import SimpleNamespace
@@ -170,8 +171,6 @@ def test_a_copy_between_host_and_device_is_measured_from_its_tensors() -> None:
 
 
 def test_a_call_site_is_the_users_line() -> None:
-    import sys
-
     site = op_counts.call_site(sys._getframe())
     assert site.where.endswith("test_step_counters.py:" + str(sys._getframe().f_lineno - 1))
     assert site.code == "site = op_counts.call_site(sys._getframe())"
@@ -236,6 +235,23 @@ def test_sync_warnings_become_call_sites_and_reach_no_one() -> None:
          "fake_torch.cuda.synchronize()  # an explicit sync: wrapped"): 1,
         ("event", "Event.synchronize", "test_step_counters.py",
          "fake_torch.cuda.Event().synchronize()"): 1}
+
+
+def test_a_sync_warning_held_past_its_operator_is_the_operator_that_finished_last() -> None:
+    """torch 2.11 holds ``Tensor.item()``'s sync warning until the Python call returns, after the
+    operator has left the dispatch mode: the warning is the operator that finished last on the
+    thread (``aten::_local_scalar_dense`` on the GPU), named once; a later one has no operator."""
+    tracker = op_counts._Tracker()
+    with op_counts._mode(torch, tracker):
+        value = torch.ones(4).sum()
+    frame = sys._getframe()
+    tracker.sync("stream", frame)
+    tracker.sync("stream", frame)
+    with op_counts._mode(torch, tracker):
+        assert value.item() == 4.0
+    tracker.sync("stream", frame)
+    assert sorted((what, n) for (_, what, _), n in tracker.step.syncs.items()) == [
+        ("", 1), ("aten::_local_scalar_dense", 1), ("aten::sum", 1)]
 
 
 # -- what the CUDA runtime saw -------------------------------------------------------------------

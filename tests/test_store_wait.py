@@ -45,6 +45,7 @@ def test_a_sqlite_store_locked_by_another_process_says_it_waits_once(
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "locked"
+        first_pid = holder.pid
         release = threading.Timer(1.5, holder.stdin.close)
         release.start()
         try:
@@ -66,8 +67,11 @@ def test_a_sqlite_store_locked_by_another_process_says_it_waits_once(
         assert [run.name for run in store.runs()] == ["waited again", "waited", "before"]
     err = capsys.readouterr().err
     assert err.count("gputrain: waiting") == 1, err
-    assert (f"gputrain: waiting for the benchmark store {path}: another process is writing to "
-            "it; waiting at most about 6 min (12 attempts of 30 s) before giving up") in err
+    # The notice names the process that held the lock (the first holder: it is said once).
+    assert (f"gputrain: waiting for the benchmark store {path}: another process, pid "
+            f"{first_pid} (python") in err, err
+    assert ("is writing to it; waiting at most about 6 min (12 attempts of 30 s) before giving "
+            "up") in err
 
 
 @pytest.mark.usefixtures("quick_notice")

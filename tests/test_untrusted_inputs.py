@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from endless_input import endless_json
 
 from pytest_gputrain.cli import main
 from pytest_gputrain.jsonfile import INPUT_LIMIT_VARIABLE
@@ -126,18 +127,29 @@ def test_hostile_strings_in_a_facts_file_reach_no_output_as_they_are(
 # -- a bound on what is read -----------------------------------------------------------------
 
 def test_replay_of_an_unbounded_input_stops_at_the_limit(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(INPUT_LIMIT_VARIABLE, "1MiB")
+    with endless_json(tmp_path) as endless:
+        code, _, err = replay(capsys, str(endless))
+    assert code == 2
+    assert (f"{endless}: larger than 1 MiB (1048576 bytes), the most an input file may hold; "
+            f"set {INPUT_LIMIT_VARIABLE} (e.g. 1GiB) to read a larger one") in err
+
+
+def test_the_default_limit_stops_an_endless_input_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with endless_json(tmp_path) as endless:
+        code, _, err = replay(capsys, str(endless))
+    assert code == 2 and "larger than 256 MiB (268435456 bytes)" in err
+
+
+def test_dev_zero_is_refused_at_its_first_block(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = replay(capsys, "/dev/zero")
     assert code == 2
-    assert ("/dev/zero: larger than 1 MiB (1048576 bytes), the most an input file may hold; set "
-            f"{INPUT_LIMIT_VARIABLE} (e.g. 1GiB) to read a larger one") in err
-
-
-def test_the_default_limit_stops_dev_zero_too(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = replay(capsys, "/dev/zero")
-    assert code == 2 and "larger than 256 MiB (268435456 bytes)" in err
+    assert ("/dev/zero: not a pytest-gputrain facts file (written by --gpu-facts-out): its top "
+            "level is not an object") in err
 
 
 def test_a_file_at_the_limit_is_read_one_byte_more_is_not(
@@ -169,3 +181,129 @@ def test_a_bad_limit_is_an_error_naming_the_variable(
     monkeypatch.setenv(INPUT_LIMIT_VARIABLE, value)
     code, _, err = replay(capsys, str(FACTS / "cpu_laptop.json"))
     assert code == 2 and f"not read: {INPUT_LIMIT_VARIABLE}: " in err
+
+
+# -- pages and Markdown show hostile text as itself (issue 29) --------------------------------
+
+def failure_facts(tmp_path: Path, nodeid: str, message: str) -> Path:
+    """A recorded failed run (a device mismatch on the H200: GT202 names the test), its test
+    id and failure message replaced."""
+    data = json.loads((FACTS / "h200_samples" / "device_mismatch.json").read_text())
+    for record in [*data["runs"], *data["failures"]]:
+        record["nodeid"] = nodeid
+    for failure in data["failures"]:
+        failure["message"] = message
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+INVISIBLE = "\u202e\u2066\u2067\u2068\u2069\u202a\u202b\u202c\u202d\u200e\u200f\u061c\u200b" \
+            "\u2060\u2063\ufeff\u180e\u206a"
+
+
+def test_the_html_report_writes_out_bidirectional_and_invisible_marks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The HTML report kept raw U+202E and U+2066 from a failure message; the terminal wrote
+    them out."""
+    path = failure_facts(tmp_path, "tests/test_train.py::test_\u202eevil",
+                         f"assert {INVISIBLE} {HOSTILE} 0.62 >= 0.8")
+    page = tmp_path / "report.html"
+    code, out, err = replay(capsys, str(path), "--report", f"html:{page}")
+    assert code in (0, 1), err
+    text = page.read_text(encoding="utf-8")
+    for character in UNSEEN + INVISIBLE:
+        assert character not in text, f"U+{ord(character):04X} reached the HTML report"
+        assert character not in out
+    assert "test_\\u202eevil" in text  # written out, as the terminal writes it
+    # The page's data (which its scripts draw) too: written out, not as the characters.
+    start = text.index('id="gputrain-data">') + len('id="gputrain-data">')
+    data = json.dumps(json.loads(text[start:text.index("</script>", start)]),
+                      ensure_ascii=False)
+    for character in UNSEEN + INVISIBLE:
+        assert character not in data
+
+
+def test_every_value_a_page_template_outputs_is_written_out() -> None:
+    """The one environment of our pages (report.visible_text): what a template outputs and the
+    data its scripts draw, whatever the template's markup."""
+    from markupsafe import Markup
+
+    from pytest_gputrain.report.visible_text import page_environment
+
+    template = page_environment("pytest_gputrain.report").from_string(
+        '<p title="{{ text }}">{{ text }}{{ items|join(",") }}</p>{{ svg }}'
+        '<script type="application/json">{{ data|tojson }}</script>')
+    text = template.render(text=f"a{INVISIBLE}<b>", items=["\u202ex", "y"],
+                           svg=Markup("<svg></svg>"),
+                           data={"\u2066key": ["\u202e", {"m": "\x1b[2J</script>"}]})
+    for character in UNSEEN + INVISIBLE:
+        assert character not in text
+    assert '<p title="a\\u202e\\u2066' in text and "&lt;b&gt;" in text
+    assert "\\u202ex,y" in text and "<svg></svg>" in text  # our own markup as it is
+    assert '{"\\\\u2066key": ["\\\\u202e", {"m": "\\\\x1b[2J\\u003c/script\\u003e"}]}' in text
+
+
+def test_the_markdown_report_escapes_html_from_a_test_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GitHub step summary renders Markdown as HTML: a test id ``<img src=x
+    onerror=alert(1)>`` went through raw."""
+    hostile = "tests/test_x.py::test_a[<img src=x onerror=alert(1)>&#x202e;]"
+    path = failure_facts(tmp_path, hostile, "<script>alert(2)</script>")
+    code, out, err = replay(capsys, str(path), "--format", "md")
+    assert code in (0, 1), err
+    assert "<img" not in out and "<script" not in out and "&#x202e;" not in out
+    assert "&lt;img src=x onerror=alert(1)&gt;&amp;#x202e;" in out
+
+
+def test_the_gate_summary_escapes_html_from_a_test_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pytest_gputrain.regression.store import ResultRecord
+    from pytest_gputrain.regression.store_backends import open_store
+
+    hostile = "t.py::test[<img src=x onerror=alert(1)>]"
+    store = tmp_path / "b.sqlite"
+    with open_store(store) as opened:
+        for name, value in (("base", 0.010), ("head", 0.020)):
+            rounds = [value * (1 + 0.001 * k) for k in range(20)]
+            opened.save_run(name, {"device_type": "cpu"}, "h", None, [ResultRecord(
+                hostile, {"device_type": "cpu"}, "h", 20,
+                {"step_time": rounds, "throttled": [False] * 20}, {})])
+    assert main(["compare", "base", "head", "--store", str(store), "--format", "md",
+                 "--force"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "t.py::test[" in out and "<img" not in out and "&lt;img" in out
+
+
+# -- a file that is not facts-shaped is refused before it is parsed (issue 29) ----------------
+
+@pytest.mark.parametrize("make, said", [
+    (lambda n: "[" + ",".join(["[]"] * n) + "]", "its top level is not an object"),
+    (lambda n: '\ufeff \n {"kind": "pytest-gputrain-facts", "runs": ['
+     + ",".join(["[]"] * n) + "]}", "more than one per 32 bytes"),
+    (lambda n: '{"kind": "something-else", "data": "' + "x" * (3 * n) + '"}',
+     '"kind": "pytest-gputrain-facts" in it'),
+])
+def test_a_file_not_shaped_as_facts_is_refused_in_bounded_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any, said: str
+) -> None:
+    """A 200 MB file of nested arrays took 43 s and 4.6 GB before it was refused: parsed, such
+    a file takes twenty times its size. Refused before the parse, it takes the bytes read."""
+    import tracemalloc
+
+    path = tmp_path / "facts.json"
+    path.write_text(make(2_000_000), encoding="utf-8")
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        code, _, err = replay(capsys, str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2
+    assert f"{path}: not a pytest-gputrain facts file (written by --gpu-facts-out): " in err
+    assert said in err, err
+    assert peak < 3 * size + 8 * 2**20, f"{peak / size:.1f} times the file's size"

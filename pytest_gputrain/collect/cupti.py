@@ -27,9 +27,6 @@ The variable stays set for the rest of the process: kineto reads it again after 
 (the teardown finishes on a later CUDA call, and the next profiler re-attaches only when it is
 "1"), so restoring it would re-attach CUPTI. Child processes inherit it; it only changes what
 their own profilers leave behind.
-
-(``probe/cupti.py`` holds the same decision for the probe's window, written before this module
-existed; it is to become an import of this one.)
 """
 
 from __future__ import annotations
@@ -52,6 +49,8 @@ class Teardown:
     on: bool
     reason: str
 
+
+NO_TEARDOWN = Teardown(False, "no profiler has run")
 
 _set_here = False  # this process's TEARDOWN_CUPTI came from ask_for_teardown
 

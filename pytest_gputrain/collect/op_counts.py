@@ -158,8 +158,14 @@ class _Tracker:
         self.explicit = threading.local()
 
     def operator(self) -> str:
+        """The operator running now on this thread; with none, the one that finished last
+        (torch may hold an operator's sync warning until the Python call that led to it
+        returns, as torch 2.11 does for ``Tensor.item()``), each such one named once."""
         stack = getattr(self.running, "stack", None)
-        return stack[-1] if stack else ""
+        if stack:
+            return stack[-1]
+        finished, self.running.finished = getattr(self.running, "finished", ""), ""
+        return str(finished)
 
     def sync(self, kind: str, frame: FrameType | None, what: str = "") -> None:
         self.step.syncs[(kind, what or self.operator(), call_site(frame))] += 1
@@ -188,6 +194,8 @@ def _mode(torch: Any, tracker: _Tracker) -> Any:
                 return func(*args, **kwargs)
             finally:
                 stack.pop()
+                if not stack:
+                    tracker.running.finished = name or ""
 
     return CountingMode()
 

@@ -16,8 +16,8 @@ import time
 import warnings
 from typing import Any
 
+from pytest_gputrain.collect.cupti import NO_TEARDOWN, ask_for_teardown
 from pytest_gputrain.probe.cuda_readings import memory_stats
-from pytest_gputrain.probe.cupti import NO_TEARDOWN, ask_for_teardown
 from pytest_gputrain.probe.run_record import RunRecord
 from pytest_gputrain.probe.window_analysis import GpuEvent, analyse, convert
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.options import not_empty
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.compare import (
     GateReport,
@@ -50,7 +51,8 @@ from pytest_gputrain.regression.settings import (
     parse_spec,
 )
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
+from pytest_gputrain.units import printable
 
 # The exit status that asks the sequential recipe for another pair of sessions.
 MORE_SESSIONS = 3
@@ -68,16 +70,19 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "compare", help="compare two saved names (the sessions of each); exit 1 on a regression",
         description="Compare the sessions saved under CURRENT with those saved under BASELINE "
                     "(each: NAME, #ID or latest), test by test, over sessions.")
-    parser.add_argument("baseline", metavar="BASELINE", help="the baseline: NAME, #ID or latest")
-    parser.add_argument("current", metavar="CURRENT", help="the candidate: NAME, #ID or latest")
+    parser.add_argument("baseline", metavar="BASELINE", type=not_empty,
+                        help="the baseline: NAME, #ID or latest")
+    parser.add_argument("current", metavar="CURRENT", type=not_empty,
+                        help="the candidate: NAME, #ID or latest")
     add_store_argument(parser)
     parser.add_argument("--regression", metavar="SPEC", default=DEFAULT_REGRESSION,
+                        type=not_empty,
                         help="what counts as a regression: METRIC:PERCENT pairs (METRIC:off "
                              "drops one); 'auto' (the default) is step_time:5%%,peak_vram:2%% "
                              "and, by each test's kind of step, its counters (kernels, syncs, "
                              "copies, allocations: any rise; instructions 1%%, host_cpu 2%%) or "
                              "gpu_time:1%%; e.g. auto,step_time:2.5%%")
-    parser.add_argument("--alpha", default=str(DEFAULT_ALPHA),
+    parser.add_argument("--alpha", default=str(DEFAULT_ALPHA), type=not_empty,
                         help=f"significance level over sessions (default {DEFAULT_ALPHA})")
     parser.add_argument("--step-summary", default=DEFAULT_STEP_SUMMARY, choices=STEP_SUMMARIES,
                         help="one session's step time: min (its fastest clean round, the "
@@ -109,7 +114,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         report = _compare(args)
     except (CompareError, HistoryError, StoreError) as exc:
-        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        print(f"pytest_gputrain: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     if args.format == "json":
         from pytest_gputrain.regression.output import report_json
@@ -190,7 +195,7 @@ def _compare(args: argparse.Namespace) -> GateReport:
             change_points.check_available()
         except change_points.ChangePointsUnavailable as exc:
             raise CompareError(f"--lookback: {exc}") from None
-    with open_store(locate(args.store), create=False) as store:
+    with open_for_reading(locate(args.store)) as store:
         report = GateReport(settings, compare_spec=args.baseline, current_spec=args.current,
                             session_budget=args.max_sessions)
         report.current_runs = _select(store, args.current, None)

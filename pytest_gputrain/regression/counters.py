@@ -47,8 +47,8 @@ LABELS = {"kernels": "kernels", "syncs": "syncs", "h2d_copies": "H2D copies",
           "host_cpu": "host CPU time", "instructions": "instructions"}
 # The operators behind the usual synchronisations, as the user wrote them.
 SYNC_CALLS = {"aten::_local_scalar_dense": "Tensor.item()", "aten::nonzero": "nonzero()",
-              "aten::is_nonzero": "bool(tensor)", "aten::_to_copy": "a copy to the host",
-              "aten::copy_": "a copy to the host", "aten::masked_select": "masked_select()",
+              "aten::is_nonzero": "bool(tensor)", "aten::_to_copy": "Tensor.to()",
+              "aten::copy_": "Tensor.copy_()", "aten::masked_select": "masked_select()",
               "aten::unique": "unique()", "": "Stream.synchronize()"}
 COPY_CALLS = {"aten::_to_copy": "Tensor.to()", "aten::copy_": "Tensor.copy_()"}
 DIFF_ROWS = 15  # histogram rows shown in an explanation

@@ -27,7 +27,12 @@ from pytest_gputrain.regression.explain import explain_sides
 from pytest_gputrain.regression.fingerprint import fingerprint_hash, git_commit
 from pytest_gputrain.regression.settings import RegressionSettings
 from pytest_gputrain.regression.store import RunInfo, Store, StoreError
-from pytest_gputrain.regression.store_backends import check_creatable, inspect, open_store
+from pytest_gputrain.regression.store_backends import (
+    check_creatable,
+    inspect,
+    open_for_reading,
+    open_store,
+)
 from pytest_gputrain.regression.store_location import describe
 
 
@@ -47,7 +52,7 @@ def check_store(settings: RegressionSettings) -> None:
             raise pytest.UsageError(
                 f"gpu_compare / --gpu-compare: no run {settings.compare!r}: the benchmark store "
                 f"{where} has no saved runs yet (save one with --gpu-save=NAME)")
-        with open_store(settings.store, create=False) as store:
+        with open_for_reading(settings.store) as store:
             if store.find_run(settings.compare) is None:
                 names = sorted({run.name for run in store.runs(limit=200)})
                 listed = ", ".join(names[:12]) or "none"
@@ -113,11 +118,13 @@ def _use_store(config: pytest.Config, settings: RegressionSettings, report: Gate
                results: list[BenchmarkResult]) -> None:
     try:
         state = inspect(settings.store)
-        if state == "missing" and not settings.save:
+        if state != "ours" and not settings.save:
             report.notes.append(f"no benchmark store at {describe(settings.store)} yet: nothing "
                                 "to compare with (save a baseline with --gpu-save=NAME)")
             return
-        with open_store(settings.store, create=True) as store:
+        # A run that only compares reads the store, and changes nothing in it.
+        opened = open_store(settings.store) if settings.save else open_for_reading(settings.store)
+        with opened as store:
             if settings.compare:
                 _compare(store, settings.compare, report, results)
                 if settings.lookback:

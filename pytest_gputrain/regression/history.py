@@ -15,6 +15,7 @@ the rootdir; ``--store`` names another (a file, or a ``postgresql://`` URL).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 from tabulate import tabulate
 
 from pytest_gputrain.ini_settings import ProjectSettingsError, read_project_settings
+from pytest_gputrain.options import not_empty
+from pytest_gputrain.outputs import Claims, OutputPathError, output_kind, write_output
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import DEFAULT_LIMIT
 from pytest_gputrain.regression.change_points import ChangePointsUnavailable
@@ -30,7 +33,7 @@ from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
 from pytest_gputrain.regression.options import DEFAULT_STORE, TIME_METRICS
 from pytest_gputrain.regression.settings import DEFAULT_STEP_SUMMARY, STEP_SUMMARIES
 from pytest_gputrain.regression.store import ResultRecord, RunInfo, StoreError
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
 from pytest_gputrain.regression.store_location import Location, parse_location, resolve_store
 from pytest_gputrain.units import printable, shown
 
@@ -53,26 +56,29 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "test's history on a branch (a run name); --html DIR writes them as a "
                     "static site.")
     add_store_argument(parser)
-    parser.add_argument("--name", help="only runs saved under this name (a branch)")
+    parser.add_argument("--name", type=not_empty, help="only runs saved under this name (a branch)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help=f"at most N runs (default "
                         f"{LIST_LIMIT}; with --changes or --html each test's newest N results, "
                         f"default {DEFAULT_LIMIT}; at most {MAX_LIMIT})")
-    parser.add_argument("--test", metavar="NODEID", help="one test's results across runs")
-    parser.add_argument("--png", metavar="PATH", help="with --test: draw step time and peak "
+    parser.add_argument("--test", metavar="NODEID", type=not_empty,
+                        help="one test's results across runs")
+    parser.add_argument("--png", metavar="PATH", type=not_empty,
+                        help="with --test: draw step time and peak "
                         "VRAM across runs into PATH (needs matplotlib)")
     parser.add_argument("--changes", action="store_true",
                         help="list the steps in step time and peak VRAM of each test's history "
                              "on each branch (or --test's, --name's): size, confidence, the "
                              "first run after the step, and a likely cause (needs ruptures: "
                              "pip install 'pytest-gputrain[changes]')")
-    parser.add_argument("--html", metavar="DIR", help="write a static site into DIR: an index "
+    parser.add_argument("--html", metavar="DIR", type=not_empty,
+                        help="write a static site into DIR: an index "
                         "of the tests with sparklines and their latest change, a page per test "
                         "with its series, steps and commits (needs ruptures)")
     parser.add_argument("--metric", choices=TIME_METRICS, action="append",
                         help="with --changes or --html: only this metric (repeatable; default "
                              "both)")
-    parser.add_argument("--min-change", metavar="PERCENT",
+    parser.add_argument("--min-change", metavar="PERCENT", type=not_empty,
                         default=f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%",
                         help="with --changes or --html: the smallest step reported (default "
                              f"{change_points.DEFAULT_MIN_CHANGE * 100:g}%%)")
@@ -85,7 +91,7 @@ def add_history_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH|URL",
+    parser.add_argument("--store", metavar="PATH|URL", type=not_empty,
                         help="benchmark store: a file or a postgresql:// URL (default: the "
                              "gpu_store of the project's ini file, as pytest run here reads "
                              f"it, else {DEFAULT_STORE} in the rootdir)")
@@ -119,8 +125,37 @@ def cmd_history(args: argparse.Namespace) -> int:
     try:
         return _history(args)
     except (HistoryError, StoreError, ChangePointsUnavailable) as exc:
-        print(f"pytest_gputrain: error: {exc}", file=sys.stderr)
+        print(f"pytest_gputrain: error: {printable(str(exc))}", file=sys.stderr)
         return 2
+
+
+def output_claims(location: Location) -> Claims:
+    """The outputs of one ``history`` command, checked as pytest's are (``outputs.Claims``):
+    none may be the store it reads (a SQLite file), nor each other."""
+    claims = Claims()
+    if isinstance(location, Path):
+        claims.keep("--store", [location])
+    return claims
+
+
+def png_path(text: str, claims: Claims) -> Path:
+    """``--png PATH``: a file whose name ends in .png (a name without a suffix gets it, as
+    matplotlib has always given it: ``--png out`` is out.png, and said so), or a device or pipe
+    (``/dev/stdout``) taken as named; claimed as an output; ``HistoryError`` naming it
+    otherwise."""
+    path = Path(text)
+    try:
+        if output_kind(path) in ("new", "file") and not path.suffix:
+            path = path.with_name(path.name + ".png")
+        claims.claim("--png", [path])
+        kind = output_kind(path)
+    except OutputPathError as exc:
+        raise HistoryError(str(exc)) from None
+    if kind in ("new", "file") and path.suffix.lower() != ".png":
+        raise HistoryError(f"--png {text}: a PNG file's name ends in .png (e.g. --png "
+                           "step_time.png); a device or pipe such as /dev/stdout takes any "
+                           "name")
+    return path
 
 
 def _history(args: argparse.Namespace) -> int:
@@ -131,12 +166,15 @@ def _history(args: argparse.Namespace) -> int:
                            "--html (the site draws every test)")
     if args.limit is not None and not 1 <= args.limit <= MAX_LIMIT:
         raise HistoryError(f"--limit {shown(args.limit)} must lie between 1 and {MAX_LIMIT}")
+    location = locate(args.store)
+    claims = output_claims(location)
     if args.changes or args.html:
         from pytest_gputrain.regression.history_changes import show_changes
 
-        return show_changes(args, locate(args.store))
+        return show_changes(args, location, claims)
+    png = png_path(args.png, claims) if args.png else None
     limit = args.limit or LIST_LIMIT
-    with open_store(locate(args.store), create=False) as store:
+    with open_for_reading(location) as store:
         where = store.where
         if args.test:
             entries = store.history(args.test, name=args.name)[-limit:]
@@ -151,9 +189,13 @@ def _history(args: argparse.Namespace) -> int:
                     _test_rows(entries, counted),
                     headers=TEST_HEADERS + (COUNTER_HEADERS if counted else ()),
                     disable_numparse=True)))
-            if args.png:
-                draw_png(args.test, entries, Path(args.png))
-                print(f"wrote {args.png}")
+            if png is not None:
+                try:
+                    write_output(png, draw_png(args.test, entries))
+                except OSError as exc:
+                    raise HistoryError(f"--png: could not write {png}: "
+                                       f"{exc.strerror or exc}") from None
+                print(f"wrote {png}")
             return 0
         runs = store.runs(name=args.name, limit=limit)
     if args.json:
@@ -237,9 +279,9 @@ def _entry_json(run: RunInfo, result: ResultRecord) -> dict[str, Any]:
             "summary": result.summary, "counters": result.counters}
 
 
-def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path) -> None:
-    """Step time (median with the interquartile range, each round faint behind) and peak VRAM
-    across runs, one x position per run."""
+def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]]) -> bytes:
+    """A PNG of step time (median with the interquartile range, each round faint behind) and
+    peak VRAM across runs, one x position per run."""
     try:
         import matplotlib
 
@@ -286,13 +328,12 @@ def draw_png(nodeid: str, entries: list[tuple[RunInfo, ResultRecord]], out: Path
     ax_mem.set_xticklabels(labels, fontsize=7)
     ax_mem.set_xlabel("saved run")
     figure.tight_layout()
+    buffer = io.BytesIO()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, dpi=110)
-    except OSError as exc:
-        raise HistoryError(f"cannot write {out}: {exc}") from None
+        figure.savefig(buffer, format="png", dpi=110)
     finally:
         plt.close(figure)
+    return buffer.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from pytest_gputrain.outputs import Claims
 from pytest_gputrain.regression import change_points
 from pytest_gputrain.regression.branch_history import (
     DEFAULT_LIMIT,
@@ -26,7 +27,7 @@ from pytest_gputrain.regression.change_text import format_confidence, format_val
 from pytest_gputrain.regression.history_errors import HistoryError, unknown_test
 from pytest_gputrain.regression.options import TIME_METRICS
 from pytest_gputrain.regression.store import Store
-from pytest_gputrain.regression.store_backends import open_store
+from pytest_gputrain.regression.store_backends import open_for_reading
 from pytest_gputrain.regression.store_location import Location
 from pytest_gputrain.units import parse_percent, printable
 
@@ -81,14 +82,20 @@ def load(store: Store, args: argparse.Namespace) -> list[Series]:
     return [find_changes(one, min_change=min_change) for one in series]
 
 
-def show_changes(args: argparse.Namespace, location: Location) -> int:
-    with open_store(location, create=False) as store:
+def show_changes(args: argparse.Namespace, location: Location, claims: Claims) -> int:
+    """The steps as a table or JSON, or (``--html``) the site, whose pages join ``claims``
+    (the command's outputs, the store among them)."""
+    if args.html:
+        from pytest_gputrain.regression.history_site import check_site_folder
+
+        check_site_folder(Path(args.html))  # before the store is read for nothing
+    with open_for_reading(location) as store:
         series = load(store, args)
         where = store.where
     if args.html:
         from pytest_gputrain.regression.history_site import write_site
 
-        index = write_site(Path(args.html), series, where)
+        index = write_site(Path(args.html), series, where, claims)
         print(f"wrote {index} ({len({s.nodeid for s in series})} test page(s))")
         if not args.changes:
             return 0

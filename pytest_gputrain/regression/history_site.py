@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_gputrain.outputs import Claims, OutputPathError, check_folder, write_folder
 from pytest_gputrain.regression.branch_history import Series
 from pytest_gputrain.regression.change_text import format_confidence, format_value, what_changed
 from pytest_gputrain.regression.history_errors import HistoryError
@@ -80,12 +81,9 @@ def pages(series: list[Series]) -> list[TestPage]:
 
 @functools.cache
 def _environment() -> Any:
-    import jinja2
+    from pytest_gputrain.report.visible_text import page_environment
 
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("pytest_gputrain.regression", "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-        lstrip_blocks=True)
+    environment = page_environment("pytest_gputrain.regression")
     environment.filters.update(confidence=format_confidence, what_changed=what_changed)
     environment.globals.update(value=format_value)
     return environment
@@ -102,14 +100,24 @@ def _script() -> str:
     return text
 
 
-def write_site(folder: Path, series: list[Series], where: str) -> Path:
-    """Write the index and one page per test into ``folder`` (created; other files in it are
-    left alone); the index's path."""
+def check_site_folder(folder: Path) -> None:
+    """``HistoryError`` when ``folder`` cannot take the site: a symbolic link, or not a
+    folder (``outputs.check_folder``)."""
+    try:
+        check_folder(folder, [])
+    except OutputPathError as exc:
+        raise HistoryError(f"--html {folder}: {exc}") from None
+
+
+def write_site(folder: Path, series: list[Series], where: str, claims: Claims) -> Path:
+    """Write the index and one page per test into ``folder``: a new folder, or one a site was
+    written into before (other files in it are left alone), never through a symbolic link at
+    or below it (``outputs.write_folder``); each page claimed as an output of the command
+    (none may be the store). The index's path."""
     from pytest_gputrain import __version__
     from pytest_gputrain.report.html import assets
 
-    if folder.exists() and not folder.is_dir():
-        raise HistoryError(f"--html {folder}: a file is in the way; name a folder")
+    check_site_folder(folder)
     environment = _environment()
     found = pages(series)
     common = {"assets": assets(), "version": __version__, "where": where}
@@ -120,9 +128,12 @@ def write_site(folder: Path, series: list[Series], where: str) -> Path:
         rendered[page.path] = environment.get_template("history_test.html.j2").render(
             page=page, data=data, script=_script(), **common)
     try:
-        (folder / TESTS).mkdir(parents=True, exist_ok=True)
-        for name, text in rendered.items():
-            (folder / name).write_text(text, encoding="utf-8")
+        check_folder(folder, rendered)
+        claims.claim("--html", [folder / name for name in rendered])
+        write_folder(folder, {name: text.encode("utf-8") for name, text in rendered.items()})
+    except OutputPathError as exc:
+        raise HistoryError(f"--html {folder}: {exc}") from None
     except OSError as exc:
-        raise HistoryError(f"--html {folder}: cannot write the site: {exc}") from None
+        raise HistoryError(f"--html {folder}: cannot write the site: "
+                           f"{exc.strerror or exc}") from None
     return folder / INDEX

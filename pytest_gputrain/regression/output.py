@@ -310,9 +310,12 @@ def terminal_lines(report: GateReport) -> list[Line]:
 
 
 def markdown(report: GateReport) -> str:
-    """The gate for a CI summary (``GITHUB_STEP_SUMMARY``), under its own heading."""
-    return printable("\n".join(["## GPU performance gate", "", *_markdown_lines(report)]).rstrip()
-                     + "\n\n")
+    """The gate for a CI summary (``GITHUB_STEP_SUMMARY``), under its own heading: a document
+    of its own, HTML escaped (``report.visible_text``)."""
+    from pytest_gputrain.report.visible_text import markdown_document
+
+    lines = ["## GPU performance gate", "", *_markdown_lines(report)]
+    return markdown_document("\n".join(lines).rstrip() + "\n\n")
 
 
 def markdown_body(report: GateReport) -> str:

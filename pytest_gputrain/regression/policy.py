@@ -11,8 +11,11 @@ The kind is judged in the benchmark's own counting pass (``classify``), from wha
   the counters: kernels, syncs, copies and bytes each way, allocations, cudaMalloc calls (any
   rise), the host's instructions (1 %) and CPU time per step (2 %, over sessions).
 - **GPU-bound** (``"gpu"``): the GPU's own work sets the pace; more host work hides behind it
-  and costs nothing. Gated on the step time and the GPU's time per step (1 %, which the
-  host's noise does not reach).
+  and costs nothing. Gated on the step time, the GPU's time per step (1 %, which the host's
+  noise does not reach), and the two things host work cannot hide behind: a synchronisation
+  (the queue runs dry while the host catches up) and a cudaMalloc call (any rise of either).
+  A step with a sync has no queued GPU time to compare, so without them a pageable copy that
+  cost the H200's GPU-bound conv net 4.3 % (under the 5 % step-time threshold) went unseen.
 - **a CPU step** (``"host"``): gated on the step time, its ATen operators (any rise) and its
   instructions (its step time is the host's time already: the CPU time adds only noise).
 - a step whose kind could not be judged gets the launch-bound and the GPU-bound metrics.
@@ -34,7 +37,7 @@ _COUNTERS = {"kernels": 0.0, "syncs": 0.0, "h2d_copies": 0.0, "h2d_bytes": 0.0,
 _HOST = {"instructions": 0.01, "host_cpu": 0.02}
 BY_KIND: dict[str | None, dict[str, float]] = {
     "launch": {**_COUNTERS, **_HOST},
-    "gpu": {"gpu_time": 0.01},
+    "gpu": {"gpu_time": 0.01, "syncs": 0.0, "cuda_mallocs": 0.0},
     "host": {"ops": 0.0, "instructions": 0.01},
 }
 BY_KIND[None] = {**BY_KIND["launch"], **BY_KIND["gpu"]}

@@ -278,14 +278,16 @@ def read_settings(config: pytest.Config) -> RegressionSettings:
                           "(one runs only the tests that use gpu_benchmark, the other skips "
                           "them)")
     json_path = _path(config, "gpu_benchmark_json")
-    written_store = store if isinstance(store, Path) and (save or compare) else None
-    if json_path or written_store:  # loaded only then: a plain run does not pay for it
+    used_store = store if isinstance(store, Path) and (save or compare) else None
+    if json_path or used_store:  # loaded only then: a plain run does not pay for it
         from pytest_gputrain import outputs
 
         outputs.claim(config, given_as(config, "gpu_benchmark_json"),
                       [json_path] if json_path else [])
-        outputs.claim(config, given_as(config, "gpu_store"),
-                      [written_store] if written_store else [])
+        # No output may take the store; the store's own checks (a regular file, in a folder
+        # it can be made in) come when it is opened.
+        outputs.keep(config, given_as(config, "gpu_store"), [used_store] if used_store else [],
+                     "write" if save else "read")
     return RegressionSettings(
         save=save, compare=compare, thresholds=spec.thresholds, auto=spec.auto, off=spec.off,
         counters=read(config, "gpu_benchmark_counters") is not False, alpha=alpha,

@@ -41,6 +41,12 @@ class StoreError(Exception):
     """The store cannot be used as it is (foreign, damaged, newer, unreachable, unreadable)."""
 
 
+# A name or test id looked up that holds bytes the command line could not decode as UTF-8
+# (Python keeps them as lone surrogates): nothing the store holds can match it.
+NOT_TEXT = ("{where}: a name or test id looked up is not UTF-8 text (the command line held "
+            "bytes that are not); nothing saved can match it")
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -106,8 +112,8 @@ class Writer(Protocol):
 _RUN_COLUMNS = ("SELECT r.id, r.name, r.created_at, r.fingerprint, r.fingerprint_hash, "
                 "r.git_commit, (SELECT COUNT(*) FROM results s WHERE s.run_id = r.id) "
                 "FROM runs r")
-_RESULT_COLUMNS = ("SELECT nodeid, fingerprint, fingerprint_hash, rounds, metrics, summary, "
-                   "created_at, run_id, counters FROM results")
+_RESULT_COLUMNS = ("nodeid", "fingerprint", "fingerprint_hash", "rounds", "metrics", "summary",
+                   "created_at", "run_id", "counters")
 _UPSERT_RESULT = (
     "INSERT INTO results (run_id, nodeid, created_at, fingerprint, fingerprint_hash, rounds, "
     "metrics, summary, counters) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, nodeid) "
@@ -127,6 +133,9 @@ class Store(ABC):
 
     #: where the store is, for messages (a URL without its password)
     where: str
+    #: columns of the results that this store's (older) schema lacks, read as NULL: a store
+    #: opened for reading is never upgraded (``store_schema.added_after``)
+    missing_columns: frozenset[str] = frozenset()
 
     @abstractmethod
     def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
@@ -226,8 +235,13 @@ class Store(ABC):
         parameters.append(MAX_SIDE_RUNS)
         return [_run(row) for row in self._rows(query, parameters)]
 
+    def _select_results(self) -> str:
+        columns = (f"NULL AS {name}" if name in self.missing_columns else name
+                   for name in _RESULT_COLUMNS)
+        return f"SELECT {', '.join(columns)} FROM results"
+
     def results(self, run_id: int) -> dict[str, ResultRecord]:
-        rows = self._rows(_RESULT_COLUMNS + " WHERE run_id = ? ORDER BY id", (run_id,))
+        rows = self._rows(self._select_results() + " WHERE run_id = ? ORDER BY id", (run_id,))
         return {row[0]: _result(row) for row in rows}
 
     def results_of(self, runs: Iterable[RunInfo]) -> dict[str, list[ResultRecord]]:
@@ -243,7 +257,7 @@ class Store(ABC):
                 ) -> list[tuple[RunInfo, ResultRecord]]:
         """One test's results across runs (of one name, when given), oldest first (the newest
         ``limit`` of them)."""
-        query = _RESULT_COLUMNS + " WHERE nodeid = ?"
+        query = self._select_results() + " WHERE nodeid = ?"
         parameters: list[Any] = [nodeid]
         if fingerprint_hash is not None:
             query += " AND fingerprint_hash = ?"

@@ -34,7 +34,8 @@ def check_creatable(location: Location) -> None:
 
 
 def open_store(location: Location, *, create: bool = True) -> Store:
-    """Open a store, creating and initialising it when missing or empty (and ``create``)."""
+    """Open a store to write to it, creating and initialising it when missing or empty (and
+    ``create``)."""
     if is_url(location):
         from pytest_gputrain.regression import store_postgres
 
@@ -42,3 +43,17 @@ def open_store(location: Location, *, create: bool = True) -> Store:
     from pytest_gputrain.regression import store_sqlite
 
     return store_sqlite.SqliteStore.open(Path(location), create=create)
+
+
+def open_for_reading(location: Location) -> Store:
+    """Open an existing store to read it (``history``, ``compare``, a ``--gpu-compare`` that
+    saves nothing): nothing is created, initialised or changed, a store on a read-only mount
+    is read, one another process holds locked is waited for; ``StoreError`` for a missing or
+    empty store."""
+    if is_url(location):
+        from pytest_gputrain.regression import store_postgres
+
+        return store_postgres.PostgresStore.open_for_reading(str(location))
+    from pytest_gputrain.regression import store_sqlite
+
+    return store_sqlite.SqliteStore.open_for_reading(Path(location))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_gputrain.regression.store import (
     APPLICATION,
+    NOT_TEXT,
     Store,
     StoreError,
     Writer,
@@ -31,11 +32,17 @@ from pytest_gputrain.regression.store import (
     now,
     upgrade_failed,
 )
-from pytest_gputrain.regression.store_location import describe
+from pytest_gputrain.regression.store_location import (
+    UnreadableUrl,
+    describe,
+    libpq_parameters,
+    redact,
+)
 from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
     SCHEMA_VERSION,
     Dialect,
+    added_after,
     create_statements,
     insert_marker,
     migration_statements,
@@ -76,27 +83,26 @@ def _sql(text: str) -> str:
 
 def connect(url: str) -> psycopg.Connection[Any]:
     """An autocommit connection with ``gputrain`` first on the search path; ``StoreError``
-    naming the server (never the password) when the URL is bad or the server cannot be
-    reached."""
+    naming the server (never a password, ``store_location.describe``) when the URL is bad or
+    the server cannot be reached."""
     psycopg = _psycopg()
     where = describe(url)
     try:
-        parameters = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise StoreError(f"gpu_store {where!r} is not a valid PostgreSQL URL ({exc}); e.g. "
-                         "postgresql://ci@db.example.com:5432/benchmarks") from None
+        parameters = libpq_parameters(url)
+    except UnreadableUrl as exc:
+        raise StoreError(f"gpu_store {where} {exc}") from None
     parameters.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
     parameters["autocommit"] = True
     try:
         connection = psycopg.connect(**parameters)
     except psycopg.Error as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = redact(" ".join(str(exc).split()) or type(exc).__name__, url)
         raise StoreError(f"cannot connect to the PostgreSQL store {where}: {reason}") from None
     try:
         connection.execute(f"SET search_path TO {SCHEMA_NAME}, public")
     except psycopg.Error as exc:
         connection.close()
-        raise StoreError(f"{where}: {exc}") from None
+        raise StoreError(f"{where}: {redact(str(exc), url)}") from None
     return connection  # type: ignore[no-any-return]
 
 
@@ -127,7 +133,7 @@ def inspect(url: str) -> str:
     try:
         return _classify(connection, describe(url))
     except psycopg.Error as exc:
-        raise StoreError(f"{describe(url)}: could not read: {exc}") from None
+        raise StoreError(f"{describe(url)}: could not read: {redact(str(exc), url)}") from None
     finally:
         connection.close()
 
@@ -176,7 +182,31 @@ class PostgresStore(Store):
             raise
         except psycopg.Error as exc:
             connection.close()
-            raise StoreError(f"{store.where}: {exc}") from None
+            raise StoreError(f"{store.where}: {redact(str(exc), url)}") from None
+        return store
+
+    @classmethod
+    def open_for_reading(cls, url: str) -> PostgresStore:
+        """Open an existing store to read it: its session reads only
+        (``default_transaction_read_only``), and a missing or empty schema is an error, never
+        created."""
+        psycopg = _psycopg()
+        connection = connect(url)
+        store = cls(url, connection)
+        try:
+            connection.execute("SET default_transaction_read_only = on")
+            state = _classify(connection, store.where)
+            if state == "older":  # read as it is: the columns it lacks read as NULL
+                store.missing_columns = added_after(store._version(), "results")
+            elif state != "ours":
+                raise StoreError(f"no benchmark store in {store.where} (no saved run in a "
+                                 f"{SCHEMA_NAME!r} schema; save a run first: --gpu-save=NAME)")
+        except StoreError:
+            connection.close()
+            raise
+        except psycopg.Error as exc:
+            connection.close()
+            raise StoreError(f"{store.where}: {redact(str(exc), url)}") from None
         return store
 
     def _initialise(self) -> None:
@@ -205,6 +235,10 @@ class PostgresStore(Store):
     def close(self) -> None:
         self._connection.close()
 
+    def _said(self, exc: Exception) -> str:
+        """What the server said, its secrets (if it quoted any) hidden."""
+        return redact(str(exc), self.url)
+
     def _write(self, action: Callable[[Writer], _T]) -> _T:
         psycopg = _psycopg()
         retryable = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected,
@@ -219,11 +253,12 @@ class PostgresStore(Store):
                         return action(_PostgresWriter(self._connection))
                 except retryable as exc:
                     if attempt == WRITE_ATTEMPTS - 1:
-                        raise StoreError(f"{self.where}: could not write: {exc}") from None
+                        raise StoreError(f"{self.where}: could not write: "
+                                         f"{self._said(exc)}") from None
                     time.sleep(delay * (1 + random.random()))
                     delay = min(delay * 2, 2.0)
                 except psycopg.Error as exc:
-                    raise StoreError(f"{self.where}: could not write: {exc}") from None
+                    raise StoreError(f"{self.where}: could not write: {self._said(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -233,4 +268,6 @@ class PostgresStore(Store):
                                               tuple(parameters))
             return [tuple(row) for row in cursor.fetchall()]
         except psycopg.Error as exc:
-            raise StoreError(f"{self.where}: could not read: {exc}") from None
+            raise StoreError(f"{self.where}: could not read: {self._said(exc)}") from None
+        except UnicodeEncodeError:
+            raise StoreError(NOT_TEXT.format(where=self.where)) from None

@@ -132,6 +132,13 @@ def create_statements(dialect: Dialect) -> list[str]:
     return statements
 
 
+def added_after(version: int, table: str) -> frozenset[str]:
+    """The columns of ``table`` that the schemas after ``version`` added: what a store of
+    ``version``, read without upgrading it (``open_for_reading``), does not have."""
+    return frozenset(change.column.name for step, changes in MIGRATIONS.items()
+                     if step > version for change in changes if change.table == table)
+
+
 def migration_statements(dialect: Dialect, version: int) -> list[str]:
     """The statements that bring a store of ``version`` up to ``SCHEMA_VERSION``, in order,
     the marker's version last."""

@@ -12,6 +12,11 @@ Several processes may write at once (parallel CI jobs on one host, ``multiproces
 WAL journal, a busy timeout, retries with backoff on "database is locked", and one transaction per
 write. (WAL needs a local file system: put the store on local disk, not NFS; runners on several
 hosts share a PostgreSQL store instead.)
+
+Reading (``SqliteStore.open_for_reading``, and ``inspect``) changes nothing: a connection that
+cannot write (``_read_connection``), a store that is not a regular file refused before it is
+opened, a missing or empty one left as it is. A store another process holds locked is waited
+for, reads as writes (``_retrying``), and is called locked, never damaged.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import stat
 import tempfile
 import time
 import urllib.parse
@@ -28,8 +34,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pytest_gputrain import folders
+from pytest_gputrain.outputs import what_it_is
 from pytest_gputrain.regression.store import (
     APPLICATION,
+    NOT_TEXT,
     Store,
     StoreError,
     Writer,
@@ -37,10 +45,12 @@ from pytest_gputrain.regression.store import (
     now,
     upgrade_failed,
 )
+from pytest_gputrain.regression.store_location import describe
 from pytest_gputrain.regression.store_schema import (
     MARKER_TABLE,
     SCHEMA_VERSION,
     Dialect,
+    added_after,
     create_statements,
     insert_marker,
     migration_statements,
@@ -61,44 +71,172 @@ REFUSED = ("; it was left untouched. Move it away or set gpu_store / --gpu-store
            "file")
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
+# SQLite's primary result codes (an extended code's low byte) that tell "locked" from
+# "damaged" (Python 3.11+ gives them; before, the message is read).
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_CANTOPEN = 5, 6, 14
+SQLITE_CORRUPT, SQLITE_NOTADB = 11, 26
+
+
+def _result_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    code = _result_code(exc)
+    if code is not None:
+        return code in (SQLITE_BUSY, SQLITE_LOCKED)
     text = str(exc).lower()
     return "locked" in text or "busy" in text
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    code = _result_code(exc)
+    if code is not None:
+        return code in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    return not isinstance(exc, sqlite3.OperationalError)
+
+
+def _beside(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def holders(path: Path) -> str:
+    """The other processes that hold a lock on the store (its file, or the -shm, -wal or
+    -journal file beside it), in words; "" where none is known."""
+    from pytest_gputrain.collect.file_locks import lock_holders
+
+    found = lock_holders([path, *(_beside(path, s) for s in ("-shm", "-wal", "-journal"))])
+    return " and ".join(str(holder) for holder in found[:3])
+
+
+def _notice(path: Path) -> WaitNotice:
+    return WaitNotice(describe(path), longest_wait(WRITE_ATTEMPTS, BUSY_TIMEOUT_S),
+                      holders=lambda: holders(path))
+
+
+def _retrying(path: Path, notice: WaitNotice, action: Callable[[], _T], doing: str) -> _T:
+    """Run ``action`` (a read or a write), retrying while another process holds the lock past
+    the busy timeout, and saying so on stderr when that takes more than a few seconds. Locked
+    to the end, a ``StoreError`` that says so (the store is healthy: it is never called
+    damaged, nor is moving it away advised); other SQLite errors pass."""
+    delay = 0.05
+    with notice.waiting(doing):
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                return action()
+            except sqlite3.DatabaseError as exc:
+                if not _is_locked(exc):
+                    raise
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise StoreError(
+                        f"{describe(path)} is locked: another process{notice.who()} held it "
+                        f"for all of {notice.longest}; it was left untouched. Run again when "
+                        "that process has finished") from None
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _status(path: Path) -> os.stat_result | None:
+    """The store file's status (a link followed), None where there is none; ``StoreError``
+    for anything but a regular file: SQLite would make a journal beside a device
+    (``/dev/null-journal``), so nothing is opened."""
+    try:
+        status = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # a file in the way: check_creatable says
+        return None
+    except OSError as exc:
+        raise StoreError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(status.st_mode):
+        raise StoreError(f"{path} is a directory, not a benchmark store file")
+    if not stat.S_ISREG(status.st_mode):
+        raise StoreError(f"{path} is {what_it_is(status.st_mode)}, not a benchmark store: a "
+                         "store is a regular file; nothing was opened or created beside it. "
+                         f"{_ELSEWHERE}")
+    return status
 
 
 def inspect(path: Path) -> str:
     """"missing", "empty" (safe to initialise), "ours" or "older" (ours, of a schema ``open``
     upgrades); ``StoreError`` for anything else.
 
-    Reads only: the header bytes, then a read-only SQLite connection. Never writes.
+    Reads only: the header bytes, then a connection that cannot write (``_read_connection``).
+    A store another process holds locked is waited for, and never called damaged.
     """
-    if not path.exists():
+    if _status(path) is None:
         return "missing"
-    if path.is_dir():
-        raise StoreError(f"{path} is a directory, not a benchmark store file")
     try:
         with path.open("rb") as handle:
             header = handle.read(len(SQLITE_MAGIC))
     except OSError as exc:
-        raise StoreError(f"{path} cannot be read: {exc}") from None
-    wal = path.with_name(path.name + "-wal")
-    if not header and not wal.exists():
+        raise StoreError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if not header and not _beside(path, "-wal").exists():
         return "empty"
     if header and header != SQLITE_MAGIC:
         raise StoreError(f"{path} is not an SQLite database (not written by pytest-gputrain)"
                          + REFUSED)
-    uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+
+    def classify() -> str:
+        connection = _read_connection(path)
+        try:
+            return _classify(connection, path)
+        finally:
+            connection.close()
+
     try:
-        connection = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise StoreError(f"{path} cannot be opened: {exc}") from None
-    try:
-        return _classify(connection, path)
+        return _retrying(path, _notice(path), classify, "using it")
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path} is corrupt or not an SQLite database ({exc})"
-                         + REFUSED) from None
-    finally:
-        connection.close()
+        raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    if _is_corrupt(exc):
+        return StoreError(f"{path} is corrupt or not an SQLite database ({exc})" + REFUSED)
+    return StoreError(f"{path} cannot be read: {exc}; it was left untouched")
+
+
+def _read_connection(path: Path) -> sqlite3.Connection:
+    """A connection that reads the store and can change nothing in it (``query_only``).
+
+    Where the store and its folder can be written, it is a read-write connection: while it
+    reads, SQLite keeps the WAL's ``-shm`` and ``-wal`` files beside the store (as for any
+    write), and removes them when the last connection closes, so the folder is left as it
+    was. Where they cannot (a read-only mount, such as a CI cache), it is a read-only one, and
+    where SQLite cannot make its ``-shm`` file there either, an immutable one: where nothing
+    can be created, no other process can write to the store. Raises ``sqlite3`` errors (a
+    locked store among them) for the caller to wait on or report."""
+    uri = "file:" + urllib.parse.quote(str(path.resolve()))
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+    modes = ["mode=rw"] if writable else ["mode=ro", "mode=ro&immutable=1"]
+    for index, mode in enumerate(modes):
+        try:
+            connection = sqlite3.connect(f"{uri}?{mode}", uri=True, timeout=BUSY_TIMEOUT_S,
+                                         isolation_level=None, check_same_thread=False)
+        except sqlite3.OperationalError as exc:
+            if index + 1 < len(modes):
+                continue
+            raise StoreError(f"{path} cannot be opened: {exc}") from None
+        try:
+            connection.execute("PRAGMA query_only = ON")
+            connection.execute("PRAGMA schema_version").fetchone()  # opens the file (and WAL)
+            return connection
+        except sqlite3.OperationalError as exc:
+            connection.close()
+            if _result_code(exc) != SQLITE_CANTOPEN and "unable to open" not in str(exc):
+                raise
+            if index + 1 == len(modes):
+                raise
+            wal = _beside(path, "-wal")
+            if wal.exists() and wal.stat().st_size > 0:
+                # An immutable connection would not see what the log holds.
+                raise StoreError(
+                    f"{path} cannot be read here: its write-ahead log {wal} holds saved runs "
+                    "that SQLite reads only with the -shm file it cannot create in this "
+                    "read-only folder; it was left untouched. Copy the store with its -wal "
+                    "file to a folder that can be written, or open it once where it was "
+                    "written") from None
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _classify(connection: sqlite3.Connection, path: Path) -> str:
@@ -156,9 +294,9 @@ class _SqliteWriter:
 class SqliteStore(Store):
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
         self.path = path
-        self.where = str(path)
+        self.where = describe(path)
         self._connection = connection
-        self._wait = WaitNotice(self.where, longest_wait(WRITE_ATTEMPTS, BUSY_TIMEOUT_S))
+        self._wait = _notice(path)
 
     @classmethod
     def open(cls, path: Path, *, create: bool = True) -> SqliteStore:
@@ -188,6 +326,28 @@ class SqliteStore(Store):
         except sqlite3.DatabaseError as exc:
             connection.close()
             raise StoreError(f"{path}: {exc}") from None
+        return store
+
+    @classmethod
+    def open_for_reading(cls, path: Path) -> SqliteStore:
+        """Open an existing store to read it, creating, initialising and changing nothing
+        (``_read_connection``); ``StoreError`` for a missing or empty one, or anything that
+        ``inspect`` refuses."""
+        state = inspect(path)
+        if state == "missing":
+            raise StoreError(f"no benchmark store at {path} (save a run first: "
+                             "--gpu-save=NAME)")
+        if state == "empty":
+            raise StoreError(f"no saved runs in {path}: the file is empty (save a run first: "
+                             "--gpu-save=NAME)")
+        try:
+            connection = _retrying(path, _notice(path), lambda: _read_connection(path),
+                                   "using it")
+        except sqlite3.DatabaseError as exc:
+            raise _unreadable(path, exc) from None
+        store = cls(path, connection)
+        if state == "older":  # read as it is: the columns it lacks read as NULL
+            store.missing_columns = added_after(store._version(), "results")
         return store
 
     def _initialise(self) -> None:
@@ -248,19 +408,12 @@ class SqliteStore(Store):
         connection.execute("COMMIT")
 
     def _retry(self, action: Callable[[], _T]) -> _T:
-        """Run a write, retrying while another writer holds the lock past the busy timeout (and
-        saying so on stderr when that takes more than a few seconds)."""
-        delay = 0.05
-        with self._wait.waiting():
-            for attempt in range(WRITE_ATTEMPTS):
-                try:
-                    return action()
-                except sqlite3.OperationalError as exc:
-                    if not _is_locked(exc) or attempt == WRITE_ATTEMPTS - 1:
-                        raise StoreError(f"{self.path}: could not write: {exc}") from None
-                    time.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Run a write, retrying while another process holds the lock past the busy timeout
+        (and saying so on stderr when that takes more than a few seconds)."""
+        try:
+            return _retrying(self.path, self._wait, action, "writing to it")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: could not write: {exc}") from None
 
     def _write(self, action: Callable[[Writer], _T]) -> _T:
         def attempt() -> _T:
@@ -269,7 +422,11 @@ class SqliteStore(Store):
         return self._retry(attempt)
 
     def _rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
+        def read() -> list[tuple[Any, ...]]:
             return list(self._connection.execute(sql, tuple(parameters)))
+        try:
+            return _retrying(self.path, self._wait, read, "using it")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: could not read: {exc}") from None
+        except UnicodeEncodeError:
+            raise StoreError(NOT_TEXT.format(where=self.where)) from None

@@ -26,6 +26,7 @@ from pytest_gputrain.findings import Evidence
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.page import SEVERITY_WORDS, build_page
 from pytest_gputrain.report.prose import linked, markdown_html
+from pytest_gputrain.report.visible_text import page_environment
 from pytest_gputrain.severity import SEVERITY_RANK
 from pytest_gputrain.units import format_bytes
 
@@ -96,10 +97,8 @@ def _value(value: Any) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("pytest_gputrain.report", "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-        lstrip_blocks=True)
+    # Every value shown as itself, controls and bidirectional marks written out (visible_text).
+    environment = page_environment("pytest_gputrain.report")
     # The page's data as compact JSON (no spaces after separators): a tenth of a large page.
     environment.policies["json.dumps_kwargs"] = {"sort_keys": True, "separators": (",", ":")}
     environment.filters.update(bytes=format_bytes, seconds=_seconds, value=_value,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pytest_gputrain.report.model import Report
 from pytest_gputrain.report.terminal import header_lines
 from pytest_gputrain.report.text import MAX_HEADLINE, MAX_PARAGRAPH, shorten
-from pytest_gputrain.units import printable
+from pytest_gputrain.report.visible_text import markdown_document
 
 _ICON = {"error": "🔴 error", "warning": "🟠 warning", "info": "🔵 info"}
 
@@ -53,4 +53,4 @@ def report_markdown(report: Report, sections: Mapping[str, str] | None = None) -
             lines.extend(["", f"### {name}", "", str(section["markdown"])])
     for name, text in (sections or {}).items():
         lines.extend(["", f"### {name}", "", text])
-    return printable("\n".join(lines) + "\n")
+    return markdown_document("\n".join(lines) + "\n")

@@ -13,8 +13,9 @@ room for a line only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from html import escape
 from typing import Any
+
+from pytest_gputrain.report.visible_text import html_text
 
 WIDTH, ROW, LABEL = 640, 34, 14
 
@@ -64,7 +65,7 @@ def timeline_svg(timeline: dict[str, Any]) -> str:
                         for x, y in points)
         words = (f"{series['label']}: {_fmt(low)}–{_fmt(high)} {series['unit']}"
                  if low != high else f"{series['label']}: {_fmt(low)} {series['unit']}")
-        parts.append(f'<text x="2" y="{top - 3}">{escape(words)}</text>')
+        parts.append(f'<text x="2" y="{top - 3}">{html_text(words)}</text>')
         parts.append(f'<polyline points="{line}" fill="none" stroke="#1f5fa8" '
                      'stroke-width="1.2"/>')
     failure = markers.get("failure")
@@ -73,7 +74,7 @@ def timeline_svg(timeline: dict[str, Any]) -> str:
         parts.append(f'<line x1="{x}" y1="0" x2="{x}" y2="{height}" stroke="#b42318" '
                      'stroke-width="2"/>')
         parts.append(f'<text x="{min(x + 3, WIDTH - 120)}" y="{height + 11}" fill="#b42318">'
-                     f'failure: {escape(str(failure["label"]))}</text>')
+                     f'failure: {html_text(str(failure["label"]))}</text>')
     parts.append(f'<text x="{WIDTH - 2}" y="{height + 11}" text-anchor="end">'
                  f'{_fmt(end)} s</text></svg>')
     return "".join(parts)
@@ -98,7 +99,7 @@ def series_svg(values: Sequence[float], marks: Sequence[int] = (), *, label: str
     line = " ".join(f"{x_of(i)},{y_of(v)}" for i, v in enumerate(values))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="sparkline" width="{width}" '
              f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="{escape(label)}">']
+             f'aria-label="{html_text(label)}">']
     for index in marks:
         if 0 <= index < len(values):
             parts.append(f'<line x1="{x_of(index)}" y1="0" x2="{x_of(index)}" y2="{height}" '

@@ -192,10 +192,9 @@ def pytest_html_extra(nodeid: str, findings: list[Finding], session: Diagnosis
         from pytest_html import extras
     except ImportError:
         return None
-    from html import escape
-
     from pytest_gputrain.report.sparkline import timeline_svg
     from pytest_gputrain.report.timeline import run_timeline
+    from pytest_gputrain.report.visible_text import html_text as escape
 
     parts = ['<div class="gputrain"><h4>GPU diagnosis (pytest-gputrain)</h4><ul>']
     for f in findings:
