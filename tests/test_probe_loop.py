@@ -216,6 +216,46 @@ def test_grad_scaler_scale_is_counted_when_the_scaler_is_on() -> None:
     assert amp.scaler_scales == 5 and amp.fp16_forwards == 0 and amp.fp16_percent == 0.0
 
 
+def _scaled_loop(steps: int, unscale_first: bool) -> run.RunProbe:
+    """float16 autocast with a GradScaler and clip_grad_norm_, on the CPU: the gradients
+    clipped before or after scaler.unscale_."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    probe = _probe()
+    probe.start()
+    try:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(torch.randn(16, 8)).float().pow(2).mean()
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            if unscale_first:
+                scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(optimizer)  # unscales here when the loop did not
+            scaler.update()
+    finally:
+        probe.stop()
+    assert torch_hooks.global_hook_counts(torch) == dict.fromkeys(
+        torch_hooks.global_hook_counts(torch), 0)
+    return probe
+
+
+def test_clipping_before_unscale_is_counted_with_the_limit_the_gradients_got() -> None:
+    amp = _scaled_loop(6, unscale_first=False).facts().amp
+    assert amp.scaler_scales == 6 and amp.clip_scaled == 6 and amp.clip_scaled_percent == 100.0
+    assert amp.init_scale == 1024.0 and amp.clip_effective_limit == 0.5 / 1024
+
+
+def test_clipping_after_unscale_is_not_counted() -> None:
+    facts = _scaled_loop(6, unscale_first=True).facts()
+    assert facts.optimizer.clip_calls == 6 and facts.amp.scaler_scales == 6
+    assert facts.amp.clip_scaled == 0 and facts.amp.clip_scaled_percent == 0.0
+    assert facts.amp.clip_effective_limit is None
+
+
 def test_fp16_forwards_make_the_amp_share() -> None:
     record = _record([0.01] * 10, [], [])
     record.forwards.grad = 20
@@ -340,3 +380,44 @@ def test_the_loop_faults_are_named_on_the_tests_that_have_them(
     assert "GT142" in codes["test_diverges"]
     assert "GT140" in codes["test_checkpoint_every_step"]
     assert not {"GT140", "GT142", "GT220"} & codes.get("test_healthy", set())
+
+
+# -- padding in token batches ----------------------------------------------------------------
+
+
+def _padded_loader_run(lengths: list[int], pad_to: int | None) -> run.RunProbe:
+    """Token batches with an attention_mask: padded to `pad_to`, or to each batch's longest."""
+    def collate(rows: list[int]) -> dict[str, torch.Tensor]:
+        width = pad_to or max(rows)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for row, length in enumerate(rows):
+            mask[row, :length] = 1
+        return {"input_ids": mask * 7, "attention_mask": mask}
+
+    loader = torch.utils.data.DataLoader(lengths, batch_size=4, collate_fn=collate)
+    model = nn.Embedding(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = _probe()
+    probe.start()
+    try:
+        for batch in loader:
+            optimizer.zero_grad()
+            model(batch["input_ids"]).sum().backward()
+            optimizer.step()
+    finally:
+        probe.stop()
+    return probe
+
+
+def test_the_padding_share_of_token_batches_padded_to_a_fixed_length() -> None:
+    loader = _padded_loader_run([40, 50, 30, 40] * 4, pad_to=512).facts().loader
+    assert loader.pad_percent == round(100 * (1 - 160 / 2048), 2)
+    assert loader.padded_length == 512 and loader.padded_lengths == 1
+    assert loader.padding_batches == 4
+
+
+def test_batches_padded_to_their_longest_have_little_padding() -> None:
+    loader = _padded_loader_run([40, 50, 30, 40, 45, 44, 40, 41], pad_to=None).facts().loader
+    assert loader.pad_percent == round(100 * (1 - (160 + 170) / (200 + 180)), 2)
+    assert loader.padded_length == 50 and loader.padded_lengths == 2
+    assert loader.padding_batches == 2

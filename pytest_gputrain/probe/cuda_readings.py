@@ -261,13 +261,25 @@ class CallReadings:
         """``GradScaler.scale`` (through ``wrap_before``): loss scaling, when the scaler is on
         (``GradScaler(enabled=False)`` returns the loss as it is)."""
         if getattr(scaler, "_enabled", True):
-            self.record.optimizer.scaler_scales += 1
+            readings = self.record.optimizer
+            readings.scaler_scales += 1
+            readings.scaled_pending = True
+            init_scale = getattr(scaler, "_init_scale", None)  # a float: no sync
+            if isinstance(init_scale, int | float):
+                readings.init_scale = float(init_scale)
+
+    def on_unscale(self, scaler: Any) -> None:
+        """``GradScaler.unscale_`` (through ``wrap_before``; ``scaler.step`` calls it too when
+        the test did not): the gradients are divided by the scale from here on."""
+        self.record.optimizer.scaled_pending = False
 
     def on_clip(self, kind: str, limit: Any) -> None:
         """``torch.nn.utils.clip_grad_norm_`` (kind "norm") or ``clip_grad_value_`` ("value")
         with its ``max_norm`` / ``clip_value`` (through ``wrap_before``)."""
         readings = self.record.optimizer
         readings.clip_calls += 1
+        if readings.scaled_pending:  # clipping the scaled gradients: the limit means nothing
+            readings.clip_scaled += 1
         if kind not in readings.clip_kinds:
             readings.clip_kinds.append(kind)
         if isinstance(limit, int | float):

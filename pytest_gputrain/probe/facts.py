@@ -26,10 +26,15 @@ from pytest_gputrain.facts import (
     group_namespace,
     session_namespace,
 )
+from pytest_gputrain.probe.attention_facts import AttentionFacts
+from pytest_gputrain.probe.evaluation_facts import EvaluationFacts
 from pytest_gputrain.probe.failure_facts import FailureFacts
 from pytest_gputrain.probe.habit_facts import CompileFacts, DdpFacts, OptimizerFacts
+from pytest_gputrain.probe.host_facts import HostFacts
 from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, GradFacts, LossFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
+from pytest_gputrain.probe.update_facts import UpdateFacts
+from pytest_gputrain.probe.warning_facts import WarningFacts
 
 Namespace = dict[str, tuple[Any, str | None, str | None]]
 
@@ -95,6 +100,14 @@ class LoaderFacts(FactGroup):
     batch_pinned: bool | None = fact(doc="the main loader's batches arrive in pinned memory")
     batch_small_tensors: int | None = fact(
         doc="host tensors under 64 KiB in one of the main loader's batches (labels, masks...)")
+    pad_percent: float | None = fact(
+        "%", "padding's share of the token positions of the main loader's first 8 batches "
+             "(the zeros of their attention_mask; host batches only)")
+    padded_length: int | None = fact(
+        doc="sequence length of those batches (the longest, where they differ)")
+    padded_lengths: int | None = fact(
+        doc="distinct sequence lengths among those batches (1: padded to one fixed length)")
+    padding_batches: int | None = fact(doc="batches whose attention_mask was read (up to 8)")
     epochs: int | None = fact(doc="passes over the main loader (epochs): its iterators, and each "
                               "reset of a persistent-workers iterator")
     batches: int = fact(doc="batches fetched from all loaders", default=0)
@@ -291,6 +304,8 @@ class ProfileFacts(FactGroup):
     elementwise_percent: float | None = fact(
         "%", "eager elementwise and reduction kernels' share of kernel time")
     triton_percent: float | None = fact("%", "Triton (torch.compile) kernels' share of kernel time")
+    attention_percent: float | None = fact(
+        "%", "fused attention kernels' (flash, memory-efficient, cuDNN) share of kernel time")
     comm_percent: float | None = fact("%", "NCCL kernel time (union) / wall")
     comm_exposed_percent: float | None = fact(
         "%", "NCCL kernel time with no other kernel running / wall")
@@ -530,6 +545,11 @@ class RunFacts(FactGroup):
     loss: LossFacts = Field(default_factory=LossFacts)
     amp: AmpFacts = Field(default_factory=AmpFacts)
     grads: GradFacts = Field(default_factory=GradFacts)
+    host: HostFacts = Field(default_factory=HostFacts)
+    warnings: WarningFacts = Field(default_factory=WarningFacts)
+    updates: UpdateFacts = Field(default_factory=UpdateFacts)
+    attention: AttentionFacts = Field(default_factory=AttentionFacts)
+    evaluation: EvaluationFacts = Field(default_factory=EvaluationFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")
 

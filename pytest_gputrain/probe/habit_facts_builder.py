@@ -226,8 +226,13 @@ def _loss_values(facts: LossFacts, values: list[tuple[int, float]]) -> None:
 def amp_facts(record: RunRecord) -> AmpFacts:
     """fp16 autocast in training forwards, and the loss scaling that must come with it."""
     forwards = record.forwards
-    facts = AmpFacts(fp16_forwards=forwards.autocast_fp16,
-                     scaler_scales=record.optimizer.scaler_scales)
+    readings = record.optimizer
+    facts = AmpFacts(fp16_forwards=forwards.autocast_fp16, scaler_scales=readings.scaler_scales,
+                     clip_scaled=readings.clip_scaled, init_scale=readings.init_scale)
+    if readings.clip_calls:
+        facts.clip_scaled_percent = round(100.0 * readings.clip_scaled / readings.clip_calls, 2)
+    if readings.clip_scaled and readings.init_scale and readings.clip_limit is not None:
+        facts.clip_effective_limit = readings.clip_limit / readings.init_scale
     if forwards.grad:
         facts.fp16_percent = round(100.0 * forwards.autocast_fp16 / forwards.grad, 2)
     else:

@@ -12,7 +12,7 @@ import contextlib
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,6 +27,7 @@ class BatchListener(Protocol):
 
 _perf = time.perf_counter
 INSPECTED_BATCHES = 2
+MASKED_BATCHES = 8  # batches whose attention_mask is read (a count on the host: microseconds)
 SMALL_TENSOR_BYTES = 64 * 1024  # host-to-device copies below this are "small" (GT129)
 TOKEN_DTYPES = ("torch.int64", "torch.int32")  # token ids (embedding lookups take these)
 
@@ -54,6 +55,9 @@ class LoaderState:
     batch_device: str | None = None
     batch_small_tensors: int | None = None  # host tensors under 64 KiB in one batch
     batch_tokens: int | None = None  # token ids in one batch (token_count)
+    # The inspected batches' attention_mask (host tensors only: reading one on a GPU would
+    # synchronise): (padded positions, positions, sequence length) of each.
+    padding: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +121,8 @@ class LoaderTracker:
                 epoch_start = True
         if state.seen < INSPECTED_BATCHES:
             self._inspect(loader, batch)
+        if state.seen < MASKED_BATCHES:
+            _read_padding(loader, batch)
         state.seen += 1
         return epoch_start
 
@@ -138,6 +144,16 @@ class LoaderTracker:
             loader.batch_tokens = token_count(tensor)
         small = small_host_tensors(batch)
         loader.batch_small_tensors = max(small, loader.batch_small_tensors or 0)
+
+
+def _read_padding(loader: LoaderState, batch: Any) -> None:
+    """The padded positions of a token batch: the zeros of its attention_mask (a host tensor
+    only; reading one on a GPU would synchronise)."""
+    mask: Any = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if hasattr(mask, "dim") and mask.dim() == 2 and mask.device.type == "cpu":
+        positions = int(mask.numel())
+        loader.padding.append((positions - int(mask.count_nonzero()), positions,
+                               int(mask.shape[1])))
 
 
 def read_settings(iterator: Any) -> dict[str, Any]:

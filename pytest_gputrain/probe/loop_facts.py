@@ -68,6 +68,16 @@ class AmpFacts(FactGroup):
     fp16_percent: float | None = fact("%", "fp16_forwards / grad-mode top-level forwards")
     scaler_scales: int = fact(
         doc="GradScaler.scale calls with the scaler enabled (loss scaling)", default=0)
+    clip_scaled: int = fact(
+        doc="gradient clipping calls (clip_grad_norm_ / clip_grad_value_) made after a "
+            "GradScaler scaled the loss and before scaler.unscale_: the gradients clipped were "
+            "still multiplied by the loss scale", default=0)
+    clip_scaled_percent: float | None = fact("%", "clip_scaled / run.optimizer.clip_calls")
+    init_scale: float | None = fact(
+        doc="the GradScaler's starting loss scale (init_scale; 65536 unless set)")
+    clip_effective_limit: float | None = fact(
+        doc="the clipping limit the unscaled gradients got at the starting scale: "
+            "run.optimizer.clip_limit / init_scale")
 
 
 class GradFacts(FactGroup):

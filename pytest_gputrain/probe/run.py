@@ -12,7 +12,16 @@ module and each writing its groups of the ``RunRecord``:
   reset_peak_memory_stats, gradcheck, torch.save, GradScaler.scale) and the allocator's
   out-of-memory moments;
 - ``loss_readings.LossWatch``: the loss each backward starts from (its device, and finiteness
-  checks queued on the GPU and read once when the test ends).
+  checks queued on the GPU and read once when the test ends);
+- ``host_stacks.HostWatch``: where the training thread spends host time (its stack sampled in
+  the profiler window and in long steps, on a thread; garbage collections timed);
+- ``warning_readings.WarningWatch``: the warnings torch and the frameworks raise meanwhile;
+- ``update_readings.UpdateWatch``: the learning rate at each scheduler step, and at a few steps
+  the weights an optimizer step left unchanged;
+- ``attention_readings.AttentionWatch``: the ``scaled_dot_product_attention`` calls, and whether
+  their masks were just the causal pattern;
+- ``evaluation_readings.EvaluationWatch``: a framework's evaluation runs while it trains, timed,
+  and the setting that schedules them.
 
 The torch hooks (``torch_hooks.py``) call the probe through ``callbacks.ProbeCallbacks``; the
 callbacks a reader answers are that reader's bound methods, handed to the hooks as the probe's
@@ -41,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_gputrain.probe import oom_observer, settings_timeline
 from pytest_gputrain.probe import run_facts_builder as builder
+from pytest_gputrain.probe.attention_readings import AttentionWatch
 from pytest_gputrain.probe.compile_readings import CompileWatch
 from pytest_gputrain.probe.cuda_readings import (
     CallReadings,
@@ -50,9 +60,11 @@ from pytest_gputrain.probe.cuda_readings import (
     memory_stats,
     read_backend_flags,
 )
+from pytest_gputrain.probe.evaluation_readings import EvaluationWatch
 from pytest_gputrain.probe.facts import ForwardRecord, RunFacts
 from pytest_gputrain.probe.frameworks import driving_framework
 from pytest_gputrain.probe.gradient_readings import check_at_end, read_gradients
+from pytest_gputrain.probe.host_stacks import HostWatch
 from pytest_gputrain.probe.instrument_readings import note_user_profiler, profiler_kind_reader
 from pytest_gputrain.probe.loader import LoaderTracker, cpu_count, processes_per_host
 from pytest_gputrain.probe.loss_readings import LossWatch
@@ -65,6 +77,8 @@ from pytest_gputrain.probe.optimizer_readings import largest_lr, optimizer_setup
 from pytest_gputrain.probe.profiler_window import WindowSteering
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
+from pytest_gputrain.probe.update_readings import UpdateWatch
+from pytest_gputrain.probe.warning_readings import WarningWatch
 
 if TYPE_CHECKING:
     from pytest_gputrain.probe.callbacks import ProbeCallbacks
@@ -89,8 +103,7 @@ class RunProbe:
             nodeid=nodeid, warmup=warmup, profile_steps=profile_steps, started=now,
             steps=StepSeries(last_t=now),
             loader=LoaderWaits(LoaderTracker(cuda_initialized=self._cuda_initialized)))
-        self.disabled = False
-        self.closed = False
+        self.disabled = self.closed = False
         self.install = Installation(torch, self)
         # The readers, one per job.
         self.modules = ModuleWatch(torch, self, self.install)
@@ -99,6 +112,9 @@ class RunProbe:
         self.compile = CompileWatch(self, self.install)
         self.calls = CallReadings(torch, self)
         self.loss = LossWatch(torch, self)
+        self.host, self.warnings = HostWatch(self.record), WarningWatch(self.record)
+        self.updates = UpdateWatch(torch, self)
+        self.attention, self.evaluation = AttentionWatch(torch, self), EvaluationWatch(self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
         self.on_backward_start = self.modules.on_backward_start
@@ -110,13 +126,13 @@ class RunProbe:
         self.on_empty_cache_end = self.calls.on_empty_cache_end
         self.on_reset_peak, self.on_gradcheck = self.calls.on_reset_peak, self.calls.on_gradcheck
         self.on_save, self.on_scale = self.calls.on_save, self.calls.on_scale
-        self.on_clip = self.calls.on_clip
+        self.on_unscale, self.on_clip = self.calls.on_unscale, self.calls.on_clip
         self.on_oom = self.calls.on_oom  # the allocator's out-of-memory observer's target
         # What the step hook reads.
         self._compiling = is_compiling(torch)
-        # allocated and reserved bytes; set at the first step on CUDA
+        # (allocated, reserved bytes) and the memory fraction: set at the first step on CUDA
         self._read_memory: Callable[[], tuple[int, int]] | None = None
-        self._read_fraction: Callable[[], float] | None = None  # set at the first step on CUDA
+        self._read_fraction: Callable[[], float] | None = None
         self._profiler_enabled = _profiler_probe(torch)
         self._profiler_kind = profiler_kind_reader(torch)
         # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
@@ -169,6 +185,8 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
+            for reader in (self.host, self.warnings, self.updates, self.attention, self.evaluation):
+                reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
             record.errors.extend(self.install.remove())
@@ -183,6 +201,7 @@ class RunProbe:
         self.closed = True
         if oom_observer.target() == self.on_oom:
             oom_observer.set_target(None)
+        self.host.stop()  # before the patches go: gc.collect is one of them
         try:
             record.errors.extend(self.install.remove())
         except Exception as exc:  # pragma: no cover - remove() guards each step
@@ -196,6 +215,8 @@ class RunProbe:
         self.compile.read_end()
         self.calls.read_end(cuda_ok)
         self.loss.read_end(cuda_ok)
+        self.updates.stop(cuda_ok)  # reads the main optimizer's learning rate at the end
+        self.attention.stop(cuda_ok)
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index
@@ -205,9 +226,6 @@ class RunProbe:
                 record.allocator.end.update(device_budget(self.torch, index))
             except Exception as exc:
                 record.errors.append(f"reading the allocator at the end: {exc}")
-        if record.optimizers.primary is not None:
-            with contextlib.suppress(Exception):
-                record.optimizer.lr_last = largest_lr(record.optimizers.primary)
         record.optimizers.primary = None
 
     def trained(self) -> bool:
@@ -241,6 +259,8 @@ class RunProbe:
 
     def on_optimizer_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record.optimizer.step_started = _perf()
+        if len(self.record.steps.times) == self.updates.due:  # a few steps only
+            self.updates.before_step(optimizer)
 
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled or self._compiling():
@@ -322,6 +342,8 @@ class RunProbe:
             self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
             self._milestone(count)
+        if count - 1 == self.updates.due:
+            self.updates.after_step(record.optimizers.primary)
 
     def _read_settings(self, step: int) -> None:
         """Snapshot the settings a test may change inside itself (``settings.py``)."""
@@ -367,6 +389,7 @@ class RunProbe:
         oom_observer.attach(torch)
         if self.use_sampler:
             self.nvml.start(index)
+        self.host.start_sampler()
 
 
 if TYPE_CHECKING:
@@ -374,6 +397,30 @@ if TYPE_CHECKING:
     # the callbacks bound in __init__ are known (the Installation is built before them).
     def _answers_the_hooks(probe: RunProbe) -> ProbeCallbacks:
         return probe
+
+
+def failure_context(record: RunRecord) -> dict[str, Any]:
+    """What the probe saw up to a failure: the last out-of-memory moment, the last settings
+    read, other processes' memory in the last samples taken while the test ran, and the
+    allocator when the test started."""
+    context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
+    snapshots = record.settings.snapshots
+    if snapshots:
+        context["settings"] = dict(snapshots[-1][1])
+    samples = record.nvml.samples[:record.nvml.before_stop]
+    recent = [s.other_process_memory for s in samples[-2:]
+              if s.other_process_memory is not None]
+    if recent:
+        context["other_processes_before"] = max(recent)
+    index = record.devices.cuda_index
+    start = record.allocator.start.get(index if index is not None else -1)
+    if start is None and len(record.allocator.start) == 1:
+        start = next(iter(record.allocator.start.values()))
+    if start:
+        context["allocator_start"] = dict(start)
+    if record.allocator.peaks_before_reset:
+        context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
+    return context
 
 
 def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None:
@@ -410,30 +457,6 @@ def adopt_optimizer(torch: Any, record: RunRecord, optimizer: Any) -> int | None
     devices.cuda_index = int(torch.cuda.current_device()) if index is None else int(index)
     devices.device = f"cuda:{devices.cuda_index}"
     return devices.cuda_index
-
-
-def failure_context(record: RunRecord) -> dict[str, Any]:
-    """What the probe saw up to a failure, for ``failures.build_failure``: the last
-    out-of-memory moment, the last settings read, other processes' memory in the last
-    samples taken while the test ran, and the allocator when the test started."""
-    context: dict[str, Any] = {"oom_moments": list(record.oom_moments)}
-    snapshots = record.settings.snapshots
-    if snapshots:
-        context["settings"] = dict(snapshots[-1][1])
-    samples = record.nvml.samples[:record.nvml.before_stop]
-    recent = [s.other_process_memory for s in samples[-2:]
-              if s.other_process_memory is not None]
-    if recent:
-        context["other_processes_before"] = max(recent)
-    index = record.devices.cuda_index
-    start = record.allocator.start.get(index if index is not None else -1)
-    if start is None and len(record.allocator.start) == 1:
-        start = next(iter(record.allocator.start.values()))
-    if start:
-        context["allocator_start"] = dict(start)
-    if record.allocator.peaks_before_reset:
-        context["peaks_before_reset"] = dict(record.allocator.peaks_before_reset)
-    return context
 
 
 def _profiler_probe(torch: Any) -> Callable[[], bool]:

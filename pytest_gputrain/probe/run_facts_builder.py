@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gputrain.probe import settings_timeline as settings_reads
+from pytest_gputrain.probe.attention_facts import attention_facts
+from pytest_gputrain.probe.evaluation_facts import evaluation_facts
 from pytest_gputrain.probe.facts import (
     ForwardRecord,
     LayerFacts,
@@ -42,6 +44,7 @@ from pytest_gputrain.probe.habit_facts_builder import (
     mode_and_cache_facts,
     optimizer_facts,
 )
+from pytest_gputrain.probe.host_facts_builder import host_facts
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
 from pytest_gputrain.probe.memory_facts_builder import memory_facts
 from pytest_gputrain.probe.run_record import (
@@ -51,6 +54,8 @@ from pytest_gputrain.probe.run_record import (
     StepFlag,
 )
 from pytest_gputrain.probe.timeline_facts_builder import no_samples_reason, timeline_facts
+from pytest_gputrain.probe.update_facts_builder import update_facts
+from pytest_gputrain.probe.warning_facts_builder import warning_facts
 from pytest_gputrain.probe.window_facts_builder import (
     busy_outside_window,
     profile_facts,
@@ -137,6 +142,12 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     busy_outside_window(run)
     run.layers = _layer_facts(forwards)
     run.stalls = stall_facts(record)
+    run.host = host_facts(record, steady, [number - 1 for number in run.stalls.step_numbers])
+    run.warnings = warning_facts(record)
+    run.updates = update_facts(record)
+    run.attention = attention_facts(record.attention)
+    run.evaluation = evaluation_facts(record.evaluation, len(record.steps.times),
+                                      record.duration)
     run.nvml = _nvml_facts(record)
     run.timeline = timeline_facts(record, THROTTLE_BITS)
     mode_and_cache_facts(run, record)
@@ -293,6 +304,13 @@ def _loader_facts(record: RunRecord, steady: list[int], process: ProcessReadings
         _last_batch(facts)
         facts.batch_pinned = main.batch_pinned
         facts.batch_small_tensors = main.batch_small_tensors
+        if main.padding:
+            padded = sum(part[0] for part in main.padding)
+            positions = sum(part[1] for part in main.padding)
+            facts.pad_percent = round(100.0 * padded / positions, 2) if positions else None
+            lengths = {length for _, _, length in main.padding}
+            facts.padded_length, facts.padded_lengths = max(lengths), len(lengths)
+            facts.padding_batches = len(main.padding)
         facts.epochs = main.epochs
         facts.wait_max = round(max(loader.wait_max for loader in loaders), 6)
         later = sum(loader.later_first_batch_wait for loader in loaders)

@@ -24,6 +24,7 @@ from pytest_gputrain.probe.loader import LoaderTracker
 ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
 MAX_OOM_MOMENTS = 4  # out-of-memory moments kept per test (the last ones)
+HOST_SAMPLE_INTERVAL = 0.002  # seconds between two stack samples (host_stacks.py)
 
 
 class StepFlag(enum.Enum):
@@ -334,7 +335,14 @@ class OptimizerReadings:
     host_times: list[float] = field(default_factory=list)
     zero_grad_calls: int = 0
     zero_grad_to_zeros: int = 0
+    # the index of the step under way at each zero_grad call (once per step)
+    zero_grad_steps: list[int] = field(default_factory=list)
     scaler_scales: int = 0  # GradScaler.scale calls with the scaler enabled (loss scaling)
+    # A loss was scaled and GradScaler.unscale_ (called by scaler.step too) has not run since:
+    # the gradients are still multiplied by the scale.
+    scaled_pending: bool = False
+    clip_scaled: int = 0  # clipping calls made while the gradients were still scaled
+    init_scale: float | None = None  # the scaler's starting scale (init_scale), no sync
     lr_first: float | None = None  # the largest learning rate of its groups at its first step
     lr_last: float | None = None  # ... when the test ended (a scheduler changes it)
     clip_calls: int = 0  # torch.nn.utils.clip_grad_norm_ / clip_grad_value_ calls
@@ -407,6 +415,90 @@ class LossReadings:
 
 
 @dataclass(slots=True)
+class CallSite:
+    """A place in the test's (or a framework's) code the training thread was found at."""
+
+    file: str
+    line: int
+    function: str
+    source: str = ""  # the line's text, read when the test ends
+    inner: str | None = None  # what it was doing there: the innermost folded call, if any
+
+
+@dataclass(slots=True)
+class HostSamples:
+    """What ``host_stacks.HostWatch`` recorded: stack samples, garbage collections, and the
+    call sites they name."""
+
+    interval: float = HOST_SAMPLE_INTERVAL
+    # (index of the step under way, inside the profiler window, site index, seconds it stands for)
+    samples: list[tuple[int, bool, int, float]] = field(default_factory=list)
+    sites: list[CallSite] = field(default_factory=list)
+    # (index of the step under way, generation, seconds, site index of an explicit gc.collect()
+    # or -1) for every explicit or older-generation collection, and young ones that took long
+    collections: list[tuple[int, int, float, int]] = field(default_factory=list)
+    # All collections, kept or not: generation -> [count, seconds]
+    gc_totals: dict[int, list[float]] = field(default_factory=dict)
+    gc_seconds: float = 0.0  # all of them, as they end (the sampler leaves them out)
+    sampler: str | None = None  # why no stack was sampled, when none could be
+
+
+@dataclass(slots=True)
+class RaisedWarning:
+    """One warning shown while the test ran (``warning_readings.WarningWatch``), counted again
+    each time the same one is shown."""
+
+    category: str
+    message: str  # its first line
+    origin: str  # the package whose code raised it: torch or a framework
+    where: str  # the file and line it names (torch/utils/checkpoint.py:87)
+    caller: str | None  # the test's or framework's line that led there
+    benign: bool  # warning_readings.BENIGN: it names no fault
+    step: int  # index of the step under way
+    training: bool  # a forward or a step had run already
+    count: int = 1
+
+
+@dataclass(slots=True)
+class WarningReadings:
+    """The warnings of torch and the frameworks shown while the test ran."""
+
+    raised: list[RaisedWarning] = field(default_factory=list)
+    dropped: int = 0  # distinct warnings past warning_readings.MAX_WARNINGS
+
+
+@dataclass(slots=True)
+class SchedulerStep:
+    """A learning-rate scheduler's step() (``update_readings.UpdateWatch``)."""
+
+    scheduler: str  # its class
+    optimizer: int  # id() of its optimizer
+    step: int  # optimizer steps of the main optimizer done when it ran
+    lr: float | None  # the largest learning rate of the optimizer's groups after it
+
+
+@dataclass(slots=True)
+class UpdateCheck:
+    """One check of the weights an optimizer step left unchanged (read at the end)."""
+
+    step: int  # 1-based step checked
+    dtype: str  # of the first parameter checked
+    lr: float | None
+    unchanged: int = 0  # elements with a non-zero gradient that kept their exact value
+    with_grad: int = 0  # elements with a non-zero gradient
+
+
+@dataclass(slots=True)
+class UpdateReadings:
+    """The learning rate's schedule and the unchanged-weight checks of the main optimizer."""
+
+    schedulers: list[SchedulerStep] = field(default_factory=list)
+    checks: list[UpdateCheck] = field(default_factory=list)
+    primary: int | None = None  # id() of the main optimizer, kept when the test ends
+    unread: str | None = None  # why the checks could not be read
+
+
+@dataclass(slots=True)
 class UnusedGradient:
     """A parameter that held a gradient no optimizer used, when the gradients were read."""
 
@@ -425,6 +517,30 @@ class GradientReadings:
     model_params: int = 0  # elements of the modules an optimizer trains
     trained_params: int = 0  # of those, held by an optimizer
     unused: list[UnusedGradient] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class AttentionReadings:
+    """``scaled_dot_product_attention`` calls (``attention_readings.AttentionWatch``)."""
+
+    calls: int = 0
+    is_causal_calls: int = 0
+    masked_calls: int = 0  # calls given an attn_mask
+    max_query_len: int = 0  # of the masked calls
+    mask_dtype: str | None = None  # of the first mask
+    site: str | None = None  # the line that made the first masked call
+    checks: list[tuple[int, int]] = field(default_factory=list)  # (queries, keys) checked
+    causal: int | None = None  # checked masks that were the causal pattern (read at the end)
+    unread: str | None = None  # why the checks could not be read
+
+
+@dataclass(slots=True)
+class EvaluationReadings:
+    """A framework's evaluation runs while fitting (``evaluation_readings.EvaluationWatch``)."""
+
+    framework: str | None = None
+    runs: list[tuple[int, float]] = field(default_factory=list)  # (steps done, seconds)
+    settings: dict[str, Any] = field(default_factory=dict)  # the schedule, read at the first
 
 
 @dataclass(slots=True)
@@ -451,7 +567,12 @@ class RunRecord:
     compile: CompileReadings = field(default_factory=CompileReadings)
     ddp: DdpReadings = field(default_factory=DdpReadings)
     loss: LossReadings = field(default_factory=LossReadings)
+    host: HostSamples = field(default_factory=HostSamples)  # host_stacks.HostWatch
+    warnings: WarningReadings = field(default_factory=WarningReadings)
+    updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
     grads: GradientReadings = field(default_factory=GradientReadings)
+    attention: AttentionReadings = field(default_factory=AttentionReadings)
+    evaluation: EvaluationReadings = field(default_factory=EvaluationReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None
     errors: list[str] = field(default_factory=list)

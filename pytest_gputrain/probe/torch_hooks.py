@@ -59,8 +59,10 @@ is recorded in ``run.probe_errors``; it never reaches user code. The hooks call 
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +202,15 @@ FRAMEWORK_CHECKPOINTS = (
 )
 
 
+# A framework's evaluation entry points, wrapped where the framework is imported when the probe
+# starts (``evaluation_readings.EvaluationWatch``): (module, class, method, framework).
+EVALUATIONS = (
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
+    ("pytorch_lightning.loops.evaluation_loop", "_EvaluationLoop", "run", "lightning"),
+    ("transformers.trainer", "Trainer", "evaluate", "transformers"),
+)
+
+
 def framework_checkpoint_methods() -> list[tuple[type, str, str]]:
     """(class, method name, writer) of the FRAMEWORK_CHECKPOINTS whose module is imported."""
     found = []
@@ -256,9 +267,14 @@ def _reset_device(device: Any = None, *_: Any, **__: Any) -> Any:
 
 def wrap_zero_grad(original: Callable[..., Any], readings: Any) -> Callable[..., Any]:
     """Count ``zero_grad`` calls into ``readings`` (the probe's ``OptimizerReadings``), and those
-    that fill gradients with zeros (``set_to_none=False``, by keyword or position)."""
+    that fill gradients with zeros (``set_to_none=False``, by keyword or position); note the
+    step under way at each (a step without one adds to the previous step's gradients)."""
+    steps, done = readings.zero_grad_steps, readings.host_times  # done: one entry per step
+
     def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
         readings.zero_grad_calls += 1
+        if not steps or steps[-1] != len(done):
+            steps.append(len(done))
         set_to_none = args[0] if args else kwargs.get("set_to_none", True)
         if set_to_none is False or set_to_none == 0:
             readings.zero_grad_to_zeros += 1
@@ -452,6 +468,10 @@ class Installation:
         if callable(scale):
             self.patches.set(scaler, "scale", wrap_before(
                 scale, lambda self, *_, **__: probe.on_scale(self), probe))
+        unscale = vars(scaler).get("unscale_") if scaler is not None else None
+        if callable(unscale):
+            self.patches.set(scaler, "unscale_", wrap_before(
+                unscale, lambda self, *_, **__: probe.on_unscale(self), probe))
 
     def patch_compiled_modules(self) -> None:
         """Wrap OptimizedModule.__call__ and register the compile-start callback once dynamo is
@@ -534,6 +554,9 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                                      (dataloader._BaseDataLoaderIter, "__next__"),
                                      (torch, "compile"), (torch, "save")]
     owners += [(owner, method) for owner, method, _ in framework_checkpoint_methods()]
+    owners += [(owner, method) for owner, method in (
+        (getattr(sys.modules.get(module), name, None), method)
+        for module, name, method, _ in EVALUATIONS) if isinstance(owner, type)]
     owners += [(owner, name) for owner, name, _ in sync_wrappers(torch, SyncTally())]
     owners += [(torch.autograd, name) for name in DEBUG_APIS]
     owners += [(torch.profiler.profile, name) for name in PROFILER_METHODS]
@@ -544,10 +567,15 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
                (torch._C, "_cuda_emptyCache")]
     scaler = grad_scaler_class(torch)
     if scaler is not None:
-        owners.append((scaler, "scale"))
+        owners += [(scaler, "scale"), (scaler, "unscale_")]
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
+    # host_stacks, warning_readings, attention_readings, update_readings (the schedulers' step)
+    owners += [(gc, "collect"), (warnings, "_showwarnmsg"),
+               (torch.nn.functional, "scaled_dot_product_attention")] + [
+        (owner, "step") for owner in vars(torch.optim.lr_scheduler).values()
+        if isinstance(owner, type) and "step" in vars(owner)]
     counts["patched_attributes"] = sum(
         1 for owner, name in owners if getattr(vars(owner).get(name), "_gputrain_probe", False))
     callback = sys.modules.get("torch._dynamo.callback")
@@ -555,4 +583,7 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     counts["dynamo_compile_callbacks"] = sum(
         1 for function in getattr(handler, "start_callbacks", ())
         if getattr(function, "__qualname__", "") == "CompileWatch.on_compile_start")
+    # host_stacks.HostWatch's garbage-collection timer
+    counts["gc_callbacks"] = sum(1 for function in gc.callbacks
+                                 if getattr(function, "__qualname__", "") == "HostWatch._on_gc")
     return counts

@@ -75,6 +75,10 @@ TRITON_PATTERN = re.compile(r"^(void )?triton_", re.IGNORECASE)
 # cuDNN's layout conversions around tensor-core convolutions of NCHW tensors
 # (cudnn::ops::nchwToNhwcKernel, nhwcToNchwKernel).
 LAYOUT_TRANSPOSE_PATTERN = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
+# Fused attention kernels: flash (flash_fwd_kernel, flash_bwd_..., pytorch_flash::),
+# memory-efficient (fmha_cutlassF_/fmha_cutlassB_..., efficient_attention), cuDNN's
+# (cudnn_generated_fort_native_sdpa_sm90_flash_fprop_...).
+ATTENTION_PATTERN = re.compile(r"flash_|fmha|attention|_sdpa_", re.IGNORECASE)
 # NCCL collectives: ncclKernel_AllReduce_RING_LL_Sum_float (NCCL < 2.19),
 # ncclDevKernel_AllReduce_Sum_f32_RING_LL (2.19 and later).
 COMM_PATTERN = re.compile(r"nccl", re.IGNORECASE)
@@ -346,15 +350,19 @@ def small_copies(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], wa
 
 def kernel_families(kernels: Sequence[GpuEvent]) -> dict[str, Any]:
     """Eager elementwise/reduction kernels' and Triton kernels' shares of kernel time (GT128),
-    and cuDNN's NCHW<->NHWC conversions (GT126: the cost channels_last removes)."""
+    cuDNN's NCHW<->NHWC conversions (GT126: the cost channels_last removes), and the fused
+    attention kernels (flash, memory-efficient, cuDNN's: what a causal mask given as a tensor
+    costs, GT155)."""
     total = sum(e.duration_ns for e in kernels)
     if not total:
         return {"elementwise_percent": None, "triton_percent": None,
-                "layout_transpose_percent": None}
+                "layout_transpose_percent": None, "attention_percent": None}
     elementwise = sum(e.duration_ns for e in kernels if ELEMENTWISE_PATTERN.search(e.name))
     triton = sum(e.duration_ns for e in kernels if TRITON_PATTERN.search(e.name))
     transposes = sum(e.duration_ns for e in kernels if LAYOUT_TRANSPOSE_PATTERN.search(e.name))
-    return {"elementwise_percent": round(100.0 * elementwise / total, 2),
+    attention = sum(e.duration_ns for e in kernels if ATTENTION_PATTERN.search(e.name))
+    return {"attention_percent": round(100.0 * attention / total, 2),
+            "elementwise_percent": round(100.0 * elementwise / total, 2),
             "triton_percent": round(100.0 * triton / total, 2),
             "layout_transpose_percent": round(100.0 * transposes / total, 2)}
 

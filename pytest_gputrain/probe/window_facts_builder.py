@@ -171,7 +171,7 @@ QUEUED_WORK_TOLERANCE = 1.25
 def stall_facts(record: RunRecord) -> StallFacts:
     """Steps far longer than the median step, split into those the loop explains (a later
     epoch's first batch, more top-level forwards than usual: validation, a torch.save, a new
-    input shape under cuDNN autotuning or torch.compile, a read-back that waited for the GPU
+    input shape, a read-back that waited for the GPU
     work queued since the last one, any other call that waited for queued work the GPU's lag
     accounts for) and stalls (GT118). Judged over the steps after warm-up outside the profiler
     window."""
@@ -189,10 +189,13 @@ def stall_facts(record: RunRecord) -> StallFacts:
                 if len(series.forwards) == len(series.times) else [])
     usual_forwards = statistics.median(forwards[i] for i in judged) if forwards else None
     saves = set(series.saves)
-    # Steps in which a module first met an input shape: a long one is cuDNN autotuning or a
-    # recompile (GT120, GT131), not a stall.
+    # Steps in which a module first met an input shape: a long one did one-time work for that
+    # shape, not a stall: cuDNN autotuning or a recompile (GT120, GT131), and in eager mode too
+    # the libraries' choice or build of kernels for it (cuBLAS's heuristics, cuDNN's attention
+    # graphs): a Trainer fine-tune padded per batch spent 174 ms, 8 median steps, at each new
+    # sequence length on an H200, then ran at the median.
     new_shapes = {step for state in record.forwards.modules.values()
-                  for step in state.new_shape_steps} if _shape_sensitive(record) else set()
+                  for step in state.new_shape_steps}
     new_shapes.update(record.compile.compile_steps)  # steps in which torch.compile compiled
     # A loop that reads a value back every N steps (``loss.item()`` for logging) and never
     # synchronises otherwise runs ahead of the GPU; the read-back then waits for all the work
@@ -252,14 +255,6 @@ def _saved_in_window(record: RunRecord) -> bool:
     flags = record.steps.flags
     return any(step < len(flags) and flags[step] is StepFlag.IN_WINDOW
                for step in record.steps.saves)
-
-
-def _shape_sensitive(record: RunRecord) -> bool:
-    """A new input shape costs time here: cuDNN autotunes each new shape, torch.compile
-    recompiles for it."""
-    benchmark = record.devices.backend_flags.get("cudnn_benchmark")
-    compiled = any(state.name == "OptimizedModule" for state in record.forwards.modules.values())
-    return bool(benchmark) or compiled
 
 
 def _forwards_per_step(cumulative: list[int]) -> list[int]:
