@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from recorded_facts import FACTS_DIR as FACTS
 from recorded_facts import load_fact_set
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -194,3 +195,19 @@ def test_the_heldout_table_loads() -> None:
     table = scorer.load_expected(scorer.HELDOUT / "EXPECTED.toml")
     faulty = [name for name, spec in table.items() if "cause" in spec]
     assert len(faulty) >= 10 and len(table) - len(faulty) >= 4
+
+
+def test_the_recorded_after_run_keeps_its_score() -> None:
+    """The held-out samples as the H200 ran them on 2026-12-02 (tests/facts/h200_heldout/,
+    recorded with the rules of issue 32's open-world round), judged by today's rules: every fault
+    that run named stays named, and every healthy neighbour stays quiet. The one miss of that run
+    (gradient checkpointing with memory to spare) is left to a later round."""
+    scorer = _scorer()
+    table = scorer.load_expected(scorer.HELDOUT / "EXPECTED.toml")
+    verdicts = {v.sample: v for v in scorer.score(FACTS / "h200_heldout", table)}
+    assert all(v.ran for v in verdicts.values()), [s for s, v in verdicts.items() if not v.ran]
+    missed = {s for s, v in verdicts.items() if v.faulty and not v.named}
+    loud = {s for s, v in verdicts.items() if not v.faulty and not v.quiet}
+    assert missed == {"hf_trainer_gradient_checkpointing_unneeded"} and not loud, (missed, loud)
+    assert scorer.totals(list(verdicts.values())) == (
+        "named 9 of 10 faults; 4 of 4 healthy quiet")

@@ -17,7 +17,11 @@ broadcast loss).
 Fix: the same shapes, ``F.mse_loss(model(x).squeeze(1), y)`` (sample
 ``healthy_mse_target_shaped``).
 
-Expected diagnosis: GT150, naming the warning and the line of the loss.
+The broadcast loss also holds memory: it is a 0-d tensor whose storage is the whole 4096 x 4096
+buffer, so keeping ``loss.detach()`` for the loss curve keeps 64 MiB a step.
+
+Expected diagnosis: GT150, naming the warning and the line of the loss; GT108, the memory that
+grows by 64 MiB a step.
 """
 
 from __future__ import annotations
