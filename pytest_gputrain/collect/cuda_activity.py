@@ -28,16 +28,21 @@ plain event records, so it is tested on machines without a GPU.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
-import tempfile
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pytest_gputrain.collect.cuda_events import (
+    GpuEvent,
+    RuntimeEvent,
+    api_name,
+    event_bytes,
+    with_trace_bytes,
+)
 
 STEP_MARK = "gputrain::counted_step"
 GAP_S = 0.002  # the pause either side of a step: no runtime call of a step falls outside it
@@ -48,36 +53,9 @@ MALLOC_CALLS = ("cudaMalloc", "cuMemAlloc", "cudaMallocAsync", "cuMemAllocAsync"
                 "cudaMallocHost", "cudaHostAlloc", "cuMemHostAlloc", "cudaMallocManaged")
 FREE_CALLS = ("cudaFree", "cuMemFree", "cudaFreeAsync", "cuMemFreeAsync", "cudaFreeHost",
               "cuMemFreeHost")
-_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
 _MEMCPY = re.compile(r"Memcpy (\w+) \((\w+) -> (\w+)\)")
-_BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
 _FUNCTOR = re.compile(r"\b(\w*Functor\w*|\w*Op(?:erator)?\b|\w+_functor\w*)")
 LABEL_LENGTH = 120
-
-
-@dataclass(frozen=True)
-class GpuEvent:
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation: int = 0
-    nbytes: int = 0
-
-    @property
-    def kind(self) -> str:
-        if self.name.startswith("Memcpy"):
-            return "memcpy"
-        if self.name.startswith("Memset"):
-            return "memset"
-        return "kernel"
-
-
-@dataclass(frozen=True)
-class RuntimeEvent:
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation: int = 0
 
 
 @dataclass
@@ -93,11 +71,6 @@ class StepActivity:
     cuda_frees: int = 0
     graph_launches: int = 0
     busy_ns: int = 0
-
-
-def api_name(name: str) -> str:
-    """A runtime call's name without CUPTI's version suffix."""
-    return _VERSION_SUFFIX.sub("", name)
 
 
 def kernel_label(name: str) -> str:
@@ -214,20 +187,6 @@ def per_step(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent],
     return steps
 
 
-def _event_bytes(event: Any) -> int:
-    try:
-        value = int(event.nbytes())
-        if value > 0:
-            return value
-    except Exception:
-        pass
-    try:
-        match = _BYTES.search(event.metadata_json() or "")
-        return int(match.group(1)) if match else 0
-    except Exception:
-        return 0
-
-
 GPU_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_ACTIVITIES = ("cuda_runtime", "cuda_driver")
 
@@ -264,40 +223,12 @@ def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent],
             if not on_gpu:
                 ranges.append((start, end))
         elif activity in GPU_ACTIVITIES or (activity is None and on_gpu):
-            nbytes = _event_bytes(event) if name.startswith("Memcpy") else 0
+            nbytes = event_bytes(event) if name.startswith("Memcpy") else 0
             gpu.append(GpuEvent(name, start, end, correlation, nbytes))
         elif activity in RUNTIME_ACTIVITIES or (activity is None and not on_gpu
                                                  and re.match(r"cu[A-Z]|cuda[A-Z]", name)):
             runtime.append(RuntimeEvent(name, start, end, correlation))
     return gpu, runtime, sorted(ranges)
-
-
-def _with_trace_bytes(profiler: Any, gpu: list[GpuEvent]) -> list[GpuEvent]:
-    """Copy sizes from the Chrome trace, where kineto's Python events carry none."""
-    handle, path = tempfile.mkstemp(prefix="gputrain-counts-", suffix=".json")
-    os.close(handle)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            profiler.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as stream:
-            trace = json.load(stream)
-    except Exception:
-        return gpu
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    sizes: dict[tuple[str, int], int] = {}
-    for event in trace.get("traceEvents", []):
-        if not isinstance(event, dict) or not str(event.get("name", "")).startswith("Memcpy"):
-            continue
-        args = event.get("args") or {}
-        correlation, size = args.get("correlation"), args.get("bytes")
-        if isinstance(correlation, int) and isinstance(size, int):
-            sizes[(str(event["name"]), correlation)] = size
-    return [GpuEvent(e.name, e.start_ns, e.end_ns, e.correlation,
-                     sizes.get((e.name, e.correlation), e.nbytes)) if e.kind == "memcpy" else e
-            for e in gpu]
 
 
 def profiler_busy(torch: Any) -> str | None:
@@ -357,5 +288,5 @@ def record(torch: Any, step: Callable[[], Any], steps: int) -> list[StepActivity
         return ("the profiler saw no CUDA activity in the steps (CUPTI not working here, or "
                 "the step runs nothing on the GPU)")
     if any(e.kind == "memcpy" and not e.nbytes for e in gpu):
-        gpu = _with_trace_bytes(profiler, gpu)
+        gpu = with_trace_bytes(profiler, gpu)
     return per_step(gpu, runtime, ranges)

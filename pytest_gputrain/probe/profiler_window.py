@@ -8,18 +8,15 @@ profiler sees: kernel busy time, pageable copies, tensor-core kernels, syncs, ..
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
 import time
 import warnings
 from typing import Any
 
+from pytest_gputrain.collect.cuda_events import with_trace_bytes
 from pytest_gputrain.collect.cupti import NO_TEARDOWN, ask_for_teardown
 from pytest_gputrain.probe.cuda_readings import memory_stats
 from pytest_gputrain.probe.run_record import RunRecord
-from pytest_gputrain.probe.window_analysis import GpuEvent, analyse, convert
+from pytest_gputrain.probe.window_analysis import analyse, convert
 
 
 class ProfilerWindow:
@@ -78,7 +75,7 @@ class ProfilerWindow:
             return {"captured": False, "reason": "the profiler returned no events"}
         gpu, runtime = convert(results.events())
         if any(e.kind == "memcpy" and "Pageable" in e.name and not e.nbytes for e in gpu):
-            gpu = _with_trace_bytes(profiler, gpu)
+            gpu = with_trace_bytes(profiler, gpu)
         if not gpu:
             return {"captured": False, "reason": "the profiler saw no GPU activity (CUPTI "
                     "unavailable, or no kernels in the window)", "steps": steps, "wall": wall}
@@ -86,37 +83,6 @@ class ProfilerWindow:
         facts.update(captured=True, steps=steps, first_step=self.first_step,
                      last_step=self.first_step + steps - 1)
         return facts
-
-
-def _with_trace_bytes(profiler: Any, gpu: list[GpuEvent]) -> list[GpuEvent]:
-    """Copy sizes from the Chrome trace (kineto's Python events carry no byte counts)."""
-    handle, path = tempfile.mkstemp(prefix="gputrain-window-", suffix=".json")
-    os.close(handle)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            profiler.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as stream:
-            trace = json.load(stream)
-    except Exception:
-        return gpu
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    sizes: dict[tuple[str, int], int] = {}
-    for event in trace.get("traceEvents", []):
-        if not isinstance(event, dict) or not str(event.get("name", "")).startswith("Memcpy"):
-            continue
-        args = event.get("args") or {}
-        correlation = args.get("correlation")
-        size = args.get("bytes")
-        if isinstance(correlation, int) and isinstance(size, int):
-            sizes[(str(event["name"]), correlation)] = size
-    if not sizes:
-        return gpu
-    return [GpuEvent(e.name, e.start_ns, e.end_ns, e.correlation,
-                     sizes.get((e.name, e.correlation), e.nbytes)) if e.kind == "memcpy" else e
-            for e in gpu]
 
 
 class WindowSteering:

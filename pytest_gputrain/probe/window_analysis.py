@@ -31,8 +31,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from pytest_gputrain.collect.cuda_events import (
+    GpuEvent,
+    RuntimeEvent,
+    api_name,
+    event_bytes,
+    thread_of,
+)
 
 SHORT_KERNEL_NS = 50_000  # HolisticTraceAnalysis: kernels under 50 µs are "short"
 
@@ -57,8 +64,6 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
 LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset",
                    "cuMemcpy", "cuMemset")
-_BYTES_RE = re.compile(r'"bytes"\s*:\s*(\d+)')
-_VERSION_SUFFIX = re.compile(r"_v\d+$")  # CUPTI's versioned names: cudaLaunchKernel_v7000
 SMALL_COPY_BYTES = 64 * 1024  # Nsight Systems' boundary for small memory transfers
 # torch's non_blocking=False copy is cudaMemcpyAsync followed at once, on the same thread, by a
 # synchronize (at::cuda::memcpy_and_sync); a later sync is other work's.
@@ -87,36 +92,6 @@ MEMCPY_CALL_PREFIXES = ("cudaMemcpy", "cuMemcpy")
 # A host-side gap shorter than this is the ordinary Python and dispatcher time between two
 # launches (a few to a few tens of µs per op in eager mode); longer gaps are other work.
 SILENT_GAP_NS = 200_000
-
-
-@dataclass(frozen=True)
-class GpuEvent:
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation: int = 0
-    nbytes: int = 0
-
-    @property
-    def kind(self) -> str:
-        if self.name.startswith("Memcpy"):
-            return "memcpy"
-        if self.name.startswith("Memset"):
-            return "memset"
-        return "kernel"
-
-    @property
-    def duration_ns(self) -> int:
-        return max(0, self.end_ns - self.start_ns)
-
-
-@dataclass(frozen=True)
-class RuntimeEvent:
-    name: str
-    start_ns: int
-    end_ns: int
-    correlation: int = 0
-    thread: int = 0  # host thread id; 0 when the profiler did not say
 
 
 def is_gemm(name: str) -> bool:
@@ -230,11 +205,6 @@ def _host_wait_ns(kernels: Sequence[GpuEvent], launches: dict[int, RuntimeEvent]
     if matched == 0:
         return None
     return idle, host
-
-
-def api_name(name: str) -> str:
-    """A runtime call's name without CUPTI's version suffix."""
-    return _VERSION_SUFFIX.sub("", name)
 
 
 def _sync_wait_ns(gpu: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], own_syncs: int
@@ -460,27 +430,6 @@ def read_backs(copies: Sequence[GpuEvent], runtime: Sequence[RuntimeEvent], step
     return {"readback_syncs_per_step": round((copied + device_syncs) / max(1, steps), 2)}
 
 
-def _event_bytes(event: Any) -> int:
-    try:
-        value = int(event.nbytes())
-        if value > 0:
-            return value
-    except Exception:
-        pass
-    try:
-        match = _BYTES_RE.search(event.metadata_json() or "")
-        return int(match.group(1)) if match else 0
-    except Exception:
-        return 0
-
-
-def _thread(event: Any) -> int:
-    try:
-        return int(event.start_thread_id())
-    except Exception:  # older kineto bindings: one thread as far as the analysis knows
-        return 0
-
-
 def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent]]:
     """Kineto events (``prof.profiler.kineto_results.events()``) as plain records."""
     gpu: list[GpuEvent] = []
@@ -491,8 +440,8 @@ def convert(events: Iterable[Any]) -> tuple[list[GpuEvent], list[RuntimeEvent]]:
         end = start + int(event.duration_ns())
         correlation = int(event.correlation_id() or 0)
         if str(event.device_type()).endswith("CUDA"):
-            nbytes = _event_bytes(event) if name.startswith("Memcpy") else 0
+            nbytes = event_bytes(event) if name.startswith("Memcpy") else 0
             gpu.append(GpuEvent(name, start, end, correlation, nbytes))
         elif name.startswith(("cuda", "cu")):
-            runtime.append(RuntimeEvent(name, start, end, correlation, _thread(event)))
+            runtime.append(RuntimeEvent(name, start, end, correlation, thread_of(event)))
     return gpu, runtime
