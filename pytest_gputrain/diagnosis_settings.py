@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gputrain.option_errors import given_as, parse_choice, usage_error
 from pytest_gputrain.options import (
     INI_TURNS_ON,
     OPTIONS,
     Option,
-    given_as,
-    parse_choice,
     read,
     read_with_base,
     resolve_path,
-    usage_error,
 )
 
 FAIL_ON = ("error", "warning", "never")

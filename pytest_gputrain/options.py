@@ -10,14 +10,14 @@ still, with a deprecation warning (``RENAMED_INI``). A switch (``kind="bool"``) 
 too (``--no-gpu-diagnose``), to turn off from the command line what the ini file turns on.
 
 Each feature declares its own table (``probe/options.py``, ``assertions/options.py``,
-``regression/options.py``). Loaded by every run, so it holds no checks of values: those are in
-modules loaded where an option is set (``diagnosis_settings.py`` for the diagnosis's).
+``regression/options.py``). Loaded by every run, so it holds no
+checks of values: those are in modules loaded where an option is set
+(``diagnosis_settings.py`` for the diagnosis's).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,15 +107,6 @@ def not_empty(value: str) -> str:
     return value
 
 
-def parse_choice(value: object, choices: Sequence[str], what: str) -> str:
-    """``value`` as one of ``choices``, case and surrounding spaces ignored; a ValueError naming
-    the value, what it should be and the choices otherwise."""
-    text = str(value).strip().lower()
-    if text not in choices:
-        raise ValueError(f"{text!r} is not {what}; expected one of {', '.join(choices)}")
-    return text
-
-
 def add_options(parser: pytest.Parser, table: tuple[Option, ...] = OPTIONS) -> None:
     """Register each option on the command line and as its ini twin (every feature uses this).
     A value may not be empty, on the command line (``not_empty``) or in the ini file
@@ -163,37 +154,14 @@ def read(config: pytest.Config, ini: str) -> Any:
     return ini_value(config, ini) if value is None else value
 
 
-def given_as(config: pytest.Config, ini: str) -> str:
-    """The setting ``ini`` as the user gave it, for a message to name: its flag where the
-    command line gives it (``--gpu-regression``, ``--no-gpu-share``), ``-o gpu_regression``
-    where ``-o`` does, else the ini name in its file (``gpu_regression in pyproject.toml``; an
-    old name where only that is set)."""
-    value = config.getoption(ini, default=None)
-    if value is not None:
-        flag = "--" + ini.replace("_", "-")  # the naming rule
-        return "--no-" + flag.removeprefix("--") if value is False else flag
-    overrides = config.getoption("override_ini", default=None) or []
-    old = OLD_INI_NAME.get(ini)
-    name = old if old is not None and not config.getini(ini) and config.getini(old) else ini
-    if any(str(item).partition("=")[0].strip() == name for item in overrides):
-        return f"-o {name}"
-    return f"{name} in {config.inipath.name if config.inipath else 'the ini file'}"
-
-
-def usage_error(config: pytest.Config, ini: str, message: str) -> pytest.UsageError:
-    """A usage error about the value of ``ini``, naming the option as the user gave it."""
-    return pytest.UsageError(f"{given_as(config, ini)}: {message}")
-
-
 def ini_value(config: pytest.Config, ini: str) -> Any:
     """The ini file's value of ``ini``, or of its old name where only that is set. A setting
-    written with no value (``gpu_cannot_tell =``) is a usage error naming it, as an empty
-    value on the command line is: it reads as a typo, and quietly taking the default would
-    hide it. (pytest gives "" only for a value set empty: an unset one is the default, which
-    is never "".)"""
+    written with no value (``gpu_cannot_tell =``) is a usage error naming it: a typo, not
+    "unset" (pytest gives "" only for a value set empty)."""
     value = config.getini(ini)
     if isinstance(value, str) and value == "":
-        if given_as(config, ini).startswith("-o "):
+        overrides = config.getoption("override_ini", default=None) or []
+        if any(str(item).partition("=")[0].strip() == ini for item in overrides):
             raise pytest.UsageError(f"-o {ini}: an empty value is not a setting: give it a "
                                     "value, or leave it out for its default")
         where = f" ({config.inipath})" if config.inipath else ""

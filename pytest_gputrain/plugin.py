@@ -131,7 +131,9 @@ def setting_error(config: pytest.Config, exc: SettingError) -> pytest.UsageError
     """A rule setting's error, naming the setting as the user gave it (``--gpu-select`` or
     ``gpu_select in pytest.ini``)."""
     if exc.setting in options.RULE_SETTINGS:
-        return pytest.UsageError(f"gputrain: {options.given_as(config, exc.setting)}: "
+        from pytest_gputrain import option_errors
+
+        return pytest.UsageError(f"gputrain: {option_errors.given_as(config, exc.setting)}: "
                                  f"{exc.problem}")
     return pytest.UsageError(f"gputrain: {exc}")
 

@@ -32,7 +32,7 @@ try:  # history --png draws with pyplot: a copy forgotten by an in-process run b
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
+    import matplotlib.pyplot
 except ImportError:
     pass
 

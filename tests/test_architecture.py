@@ -22,9 +22,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gputrain"
 # under pytest_gputrain ("" is the package itself).
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("vocabulary", frozenset({"", "units", "jsonfile", "folders", "outputs", "scopes", "facts",
-                              "findings", "severity", "options", "diagnosis_settings", "xdist",
-                              "hookspecs", "versions", "percentiles", "series", "ini_settings",
-                              "feature_plugins"})),
+                              "findings", "severity", "options", "option_errors",
+                              "diagnosis_settings", "xdist", "hookspecs", "versions",
+                              "percentiles", "series", "ini_settings", "feature_plugins"})),
     ("collect", frozenset({"collect"})),
     ("engine", frozenset({"engine"})),
     ("diagnosis", frozenset({"diagnosis", "report"})),

@@ -117,7 +117,7 @@ def test_a_condition_that_cannot_give_true_or_false_is_a_usage_error(
     result = pytester.runpytest("--gpu-rules-dir=gpu-rules")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*GT901-probe-rule.toml: field 'condition': * gives a value, "
-                                 "not true or false, so the rule would never fire*"])
+                                 "not true or false, so it would never hold; compare it*"])
 
 
 def test_a_fact_that_is_not_boolean_makes_the_rule_a_broken_rule(

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_gputrain.assertions.options import DEFAULT_HISTORY
-from pytest_gputrain.options import read, usage_error
+from pytest_gputrain.option_errors import usage_error
+from pytest_gputrain.options import read
 
 if TYPE_CHECKING:
     from pytest_gputrain.assertions.markers import MaxVram

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_gputrain.options import read, usage_error
+from pytest_gputrain.option_errors import usage_error
+from pytest_gputrain.options import read
 from pytest_gputrain.probe.options import DEFAULT_PROFILE_STEPS
 
 

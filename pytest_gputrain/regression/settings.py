@@ -15,13 +15,11 @@ from typing import Any
 
 import pytest
 
+from pytest_gputrain.option_errors import given_as, parse_choice, usage_error
 from pytest_gputrain.options import (
-    given_as,
-    parse_choice,
     read,
     read_with_base,
     resolve_path,
-    usage_error,
 )
 from pytest_gputrain.regression.options import (
     CANNOT_TELL,
