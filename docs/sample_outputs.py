@@ -195,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       file=sys.stderr)
                 differs = True
             continue
-        text = text.replace(block(name, *current), block(name, caption, lines))
+        # Everything between the markers is replaced, however its caption was wrapped.
+        start = text.index(f"<!-- sample:{name} -->")
+        end = text.index(f"<!-- /sample:{name} -->") + len(f"<!-- /sample:{name} -->")
+        text = text[:start] + block(name, caption, lines) + text[end:]
     if not args.check:
         README.write_text(text, encoding="utf-8")
     return 1 if differs else 0
