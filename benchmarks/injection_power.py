@@ -29,7 +29,6 @@ code, and the host CPU time's own spread between sessions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import multiprocessing
@@ -45,6 +44,7 @@ from typing import Any
 import injections
 from cpu_pinning import cpu_sets as pinned_sets
 from cpu_pinning import describe as describe_cpus
+from session_process import run_in_process
 from tabulate import tabulate
 
 from pytest_gputrain.regression import counters, policy
@@ -58,7 +58,6 @@ KIND = "pytest-gputrain-injection-power"
 STEPS = ("launch", "gpu")
 NODE = "benchmarks/regression_power.py::{}"
 CYCLE = ("unchanged", "kernel", "sync", "unchanged", "copy", "python", "alloc")
-SESSION_TIMEOUT_S = 300.0
 DESCRIPTIONS = {
     ("launch", "cuda"): "launch-bound: ResNet-18, batch 32, fp32, 224x224, SGD",
     ("gpu", "cuda"): "GPU-bound: conv net (4 conv + linear, 64x64), batch 512, SGD",
@@ -122,35 +121,8 @@ def session(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _entry(spec: dict[str, Any], connection: Any) -> None:
-    try:
-        connection.send({"ok": True, **session(spec)})
-    except BaseException as exc:
-        connection.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-        raise
-    finally:
-        connection.close()
-
-
 def start(context: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    receiver, sender = context.Pipe(duplex=False)
-    started = time.perf_counter()
-    process = context.Process(target=_entry, args=(spec, sender))
-    process.start()
-    sender.close()
-    answer: dict[str, Any] = {"ok": False, "error": "the session process sent nothing"}
-    if receiver.poll(SESSION_TIMEOUT_S):
-        with contextlib.suppress(EOFError):
-            answer = receiver.recv()
-    else:
-        answer["error"] = f"the session did not finish in {SESSION_TIMEOUT_S:g} s"
-        process.kill()
-    process.join(30)
-    answer["wall"] = time.perf_counter() - started
-    if not answer.get("ok"):
-        raise RuntimeError(f"session {spec['variant']} failed: {answer.get('error')} "
-                           f"(exit code {process.exitcode})")
-    return answer
+    return run_in_process(context, session, spec, spec["variant"])
 
 
 def _busy(cpus: list[int]) -> None:

@@ -69,7 +69,6 @@ settings it prints the run's own figures.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import multiprocessing
@@ -95,6 +94,7 @@ import injection_power
 from cpu_pinning import cpu_sets as pinned_sets
 from cpu_pinning import describe as describe_cpus
 from gate_trials import PoolIds, Records, Rows
+from session_process import run_in_process
 from tabulate import tabulate
 
 from pytest_gputrain.regression.benchmark import spin_cycles_per_second
@@ -114,7 +114,6 @@ DESCRIPTIONS = {
     ("launch", "cpu"): "launch-bound (CPU stand-in): ResNet-18 at width 8, batch 2, 32x32, SGD",
     ("gpu", "cpu"): "compute-bound (CPU stand-in): MLP 512-1024-1024-10, batch 64, SGD",
 }
-SESSION_TIMEOUT_S = 300.0
 METRIC_WORDS = {"step_time": "step time", "gpu_time": "GPU time per step"}
 # How the pools' summaries are named: (metric, step summary) -> words.
 LABELS = {("step_time", "min"): "fastest steps", ("step_time", "median"): "medians",
@@ -233,36 +232,9 @@ def run_session(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _session_entry(spec: dict[str, Any], connection: Any) -> None:
-    try:
-        connection.send({"ok": True, **run_session(spec)})
-    except BaseException as exc:
-        connection.send({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
-        raise
-    finally:
-        connection.close()
-
-
 def start_session(context: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one session in a new process of ``context``; its result and wall time."""
-    receiver, sender = context.Pipe(duplex=False)
-    started = time.perf_counter()
-    process = context.Process(target=_session_entry, args=(spec, sender))
-    process.start()
-    sender.close()
-    answer: dict[str, Any] = {"ok": False, "error": "the session process sent nothing"}
-    if receiver.poll(SESSION_TIMEOUT_S):
-        with contextlib.suppress(EOFError):
-            answer = receiver.recv()
-    else:
-        answer["error"] = f"the session did not finish in {SESSION_TIMEOUT_S:g} s"
-        process.kill()
-    process.join(30)
-    answer["wall"] = time.perf_counter() - started
-    if not answer.get("ok"):
-        raise RuntimeError(f"session {spec['name']} failed: {answer.get('error')} "
-                           f"(exit code {process.exitcode})")
-    return answer
+    return run_in_process(context, run_session, spec, spec["name"])
 
 
 # -- the run -------------------------------------------------------------------------------------
