@@ -270,6 +270,9 @@ def _named(rows: list[Any], variant: str, kind: str | None) -> bool:
     expected = injections.EXPECTED[variant]
     if any(r.verdict == "regression" and r.metric in expected for r in rows):
         return True
+    calls = injections.CALLS.get(variant, ())
+    if any(r.verdict == "regression" and any(c in r.reason for c in calls) for r in rows):
+        return True
     if kind == "gpu":  # counters not gated: the time's reason names what changed
         words = [counters.WORDS[m][1] for m in expected] + [counters.WORDS[m][0]
                                                             for m in expected]
@@ -354,7 +357,7 @@ def summarise(step: str, pool: dict[str, list[ResultRecord]], meta: dict[str, An
     kind = max(set(kinds), key=kinds.count)
     figures["bound"] = kind
     spreads = {metric: _host_spread(unchanged, metric)
-               for metric in ("step_time", "gpu_time", "host_cpu", "instructions")}
+               for metric in ("step_time", "gpu_time", "host_cpu", "instructions", "bytecodes")}
     figures["spreads"] = spreads
     print(f"judged {policy.KIND_WORDS.get(kind)} in {kinds.count(kind)} of {len(kinds)} "
           "unchanged sessions "
@@ -364,10 +367,10 @@ def summarise(step: str, pool: dict[str, list[ResultRecord]], meta: dict[str, An
             reason = (counters.counters_of(unchanged[-1]).get("unavailable") or {}).get(metric)
             print(f"  {metric}: not measured" + (f" ({reason})" if reason else ""))
             continue
-        unit = "instructions" if metric == "instructions" else "s"
         low, high = found["min"], found["max"]
-        shown = (f"{counters.amount('instructions', low)}-{counters.amount('instructions', high)}"
-                 if unit == "instructions" else f"{low * 1e3:.3f}-{high * 1e3:.3f} ms")
+        shown = (f"{counters.amount(metric, low)}-{counters.amount(metric, high)}"
+                 if metric in ("instructions", "bytecodes") else
+                 f"{low * 1e3:.3f}-{high * 1e3:.3f} ms")
         print(f"  {metric} per step over {found['sessions']} unchanged sessions: {shown}, "
               f"spread between sessions {found['spread'] * 100:.2f} %")
     table = []

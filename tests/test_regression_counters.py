@@ -27,6 +27,7 @@ def counted(kernels: int = 612, syncs: int = 0, h2d: int = 0, ops: int = 1500,
             kind: str = "launch", host: float = 0.0065, spread: float = 0.004,
             sync_sites: list[dict[str, Any]] | None = None,
             extra_ops: dict[str, int] | None = None, rng: random.Random | None = None,
+            bytecodes_by_function: dict[str, int] | None = None,
             **per_step: Any) -> dict[str, Any]:
     """What a counting pass of a ResNet-like step stores (collect.step_counters' shape)."""
     rng = rng or random.Random(0)
@@ -37,6 +38,7 @@ def counted(kernels: int = 612, syncs: int = 0, h2d: int = 0, ops: int = 1500,
                      "h2d_bytes": h2d * 602112, "d2h_copies": syncs, "d2h_bytes": 4 * syncs,
                      "allocs": 180, "cuda_mallocs": 0, "ops": ops, **per_step},
         "varies": {}, "ops_by_name": names,
+        "bytecodes_by_function": bytecodes_by_function or {},
         "kernel_names": {"vectorized_elementwise_kernel<CUDAFunctor_add>": kernels - 20,
                          "sm90_xmma_fprop_implicit_gemm": 20},
         "sync_sites": sync_sites or [], "copy_sites": [],
@@ -128,7 +130,8 @@ def test_each_kind_is_gated_on_its_own_metrics() -> None:
     gpu = AUTO.gated(["gpu"])
     assert set(gpu) == {"step_time", "peak_vram", "gpu_time", "syncs", "cuda_mallocs"}
     assert AUTO.gated(["host"]) == {"step_time": 0.05, "peak_vram": 0.02, "ops": 0.0,
-                                    "instructions": 0.01}
+                                    "bytecodes": 0.01, "instructions": 0.01}
+    assert launch["bytecodes"] == 0.01 and "bytecodes" not in gpu
     unknown = AUTO.gated([None])
     assert "gpu_time" in unknown and "syncs" in unknown
     explicit = GateSettings({"step_time": 0.02, "syncs": 0.5}, auto=True,
@@ -244,6 +247,31 @@ def test_more_host_work_is_caught_by_the_host_cpu_time_over_sessions() -> None:
     assert host.verdict == "regression" and not host.exact
     assert host.cause.startswith("no exact counter changed: the host does more outside")
     assert "instructions" not in rows  # not counted on this machine
+
+
+def test_more_python_is_caught_by_the_bytecodes_and_names_the_function() -> None:
+    """The issue's "extra Python work per step" on a busy host where the host CPU time spreads
+    11 % between sessions: the bytecode count is exact, and names where they ran."""
+    functions = {"Module._call_impl (module.py:1782)": 2923, "SGD.step (sgd.py:105)": 956}
+    base = [session(0.0085, counted(bytecodes=24351, spread=0.11, rng=random.Random(i),
+                                    bytecodes_by_function=functions), seed=i) for i in range(4)]
+    worked = {**functions, "log_step (train.py:88)": 25679}
+    more = [session(0.0085 * 1.02, counted(bytecodes=50030, spread=0.11,
+                                           rng=random.Random(50 + i),
+                                           bytecodes_by_function=worked), seed=50 + i)
+            for i in range(4)]
+    rows = rows_by_metric(compare_test(NODE, base, more, AUTO))
+    assert rows["step_time"].verdict == "cannot_tell"
+    row = rows["bytecodes"]
+    assert row.verdict == "regression" and row.exact
+    assert row.reason.startswith("+25.7 k Python bytecodes per step (in log_step (train.py:88) "
+                                 "×25679), past the 1 % threshold; exact"), row.reason
+    x = explain.explain(NODE, base, more)
+    assert x is not None and x["functions"][0]["name"] == "log_step (train.py:88)"
+    assert "| `log_step (train.py:88)` | 0 | 25679 | +25679 |" in explain.markdown([x])
+    small = [session(0.0085, counted(bytecodes=24351 + 100, rng=random.Random(90 + i)),
+                     seed=90 + i) for i in range(4)]  # a reordered batch's few more lines
+    assert rows_by_metric(compare_test(NODE, base, small, AUTO))["bytecodes"].verdict == "ok"
 
 
 # -- the explanation -----------------------------------------------------------------------------

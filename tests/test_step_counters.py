@@ -338,7 +338,7 @@ def test_kineto_events_become_records_with_the_steps_marks() -> None:
 
 def test_a_cpu_step_has_its_operators_and_host_time_and_says_what_it_lacks() -> None:
     counters = count_step(_model_step(), torch=torch, cuda_index=None, host_rounds=6)
-    assert counters["per_step"] == {"ops": counters["per_step"]["ops"]}
+    assert set(counters["per_step"]) == {"ops", "bytecodes"}
     assert counters["per_step"]["ops"] >= 30 and counters["varies"] == {}
     assert len(counters["host_cpu"]) == 6 and min(counters["host_cpu"]) > 0
     assert counters["ops_by_name"]["aten::mm"] == 3
@@ -352,10 +352,42 @@ def test_a_cpu_step_has_its_operators_and_host_time_and_says_what_it_lacks() -> 
     assert extra["per_step"]["ops"] == counters["per_step"]["ops"] + 2
 
 
-def test_a_step_of_plain_python_has_host_time_only() -> None:
-    counters = count_step(lambda: sum(range(1000)), torch=None, cuda_index=None, host_rounds=4)
-    assert len(counters["host_cpu"]) == 4 and counters["per_step"] == {}
+def _python_work(iterations: int) -> int:
+    total = 0
+    for i in range(iterations):
+        total += i * i
+    return total
+
+
+def test_a_step_of_plain_python_has_host_time_and_bytecodes_only() -> None:
+    counters = count_step(lambda: _python_work(100), torch=None, cuda_index=None,
+                          host_rounds=4)
+    assert len(counters["host_cpu"]) == 4
+    assert set(counters["per_step"]) == {"bytecodes"} and counters["varies"] == {}
     assert counters["unavailable"]["ops"] == "torch is not in use in this benchmark"
+    more = count_step(lambda: _python_work(200), torch=None, cuda_index=None, host_rounds=1)
+    # a loop iteration is the same few instructions each time: 100 more iterations, 100 × that
+    per_iteration = (more["per_step"]["bytecodes"] - counters["per_step"]["bytecodes"]) / 100
+    assert per_iteration == int(per_iteration) and 4 <= per_iteration <= 12
+    assert any(name.startswith("_python_work (test_step_counters.py:")
+               for name in more["bytecodes_by_function"])
+
+
+def test_more_python_in_a_torch_step_is_counted_and_named_and_nothing_else_moves() -> None:
+    plain = _model_step()
+
+    def worked() -> None:
+        _python_work(500)
+        plain()
+
+    before = count_step(plain, torch=torch, cuda_index=None, host_rounds=2)
+    after = count_step(worked, torch=torch, cuda_index=None, host_rounds=2)
+    assert after["per_step"]["ops"] == before["per_step"]["ops"]
+    assert after["per_step"]["bytecodes"] > before["per_step"]["bytecodes"] + 500 * 4
+    assert before["varies"] == {} and after["varies"] == {}  # the same count every step
+    named = [n for n in after["bytecodes_by_function"] if n.startswith("_python_work ")]
+    assert named and not any(n.startswith("_python_work ")
+                             for n in before["bytecodes_by_function"])
 
 
 def test_steps_that_disagree_are_not_exact() -> None:
@@ -372,7 +404,7 @@ def test_steps_that_disagree_are_not_exact() -> None:
 def test_a_step_that_uses_no_torch_has_no_counts_of_torch_where_torch_is_loaded() -> None:
     counters = count_step(lambda: sum(range(1000)), torch=torch, cuda_index=None,
                           host_rounds=2)
-    assert counters["per_step"] == {}
+    assert set(counters["per_step"]) == {"bytecodes"}  # Python is all it does
     assert counters["unavailable"]["ops"] == ("the step dispatched no ATen operator: torch is "
                                               "not in use in it")
     assert len(counters["host_cpu"]) == 2

@@ -8,12 +8,14 @@
    allocator's counters around each step (``torch.cuda.memory_stats``: allocations, and the
    segments it had to ``cudaMalloc``/``cudaFree``). On CUDA the GPU is synchronised before each
    step, so that the host never waits for room in the launch queue while it is being timed.
-2. **operators** (``steps`` steps, ``op_counts``): ATen operators by name, and the call sites of
+2. **Python** (``steps`` steps, ``bytecodes``): the bytecode instructions the step executed on
+   its thread, by function: more Python per step, which no operator or kernel shows.
+3. **operators** (``steps`` steps, ``op_counts``): ATen operators by name, and the call sites of
    copies and synchronisations.
-3. **CUDA activity** (``steps`` steps, ``cuda_activity``, CUDA only): kernels and their names,
+4. **CUDA activity** (``steps`` steps, ``cuda_activity``, CUDA only): kernels and their names,
    copies (bytes, pageable or pinned), synchronisations by kind, GPU busy time.
 
-Every step of phases 2 and 3 is counted on its own: a counter is exact when the steps agree,
+Every step of phases 2 to 4 is counted on its own: a counter is exact when the steps agree,
 and where they do not, ``varies`` holds its lowest and highest count (the value kept is the
 median step's). What cannot be counted says why in ``unavailable``. The result is a plain,
 JSON-ready dict (``COUNTERS_VERSION``); the regression gate stores and compares it.
@@ -32,7 +34,9 @@ COUNTERS_VERSION = 1
 COUNTED_STEPS = 3
 # The exact counters, per step (the caching allocator's from the plain phase).
 EXACT = ("kernels", "syncs", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "allocs",
-         "cuda_mallocs", "ops")
+         "cuda_mallocs", "ops", "bytecodes")
+# What only torch's steps have (a step of plain Python still counts its bytecodes).
+OF_TORCH = tuple(name for name in EXACT if name != "bytecodes")
 CUDA_ONLY = ("kernels", "syncs", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes")
 ALLOCATOR = ("allocs", "cuda_mallocs")
 # memory_stats keys: allocation requests served, and segments the allocator cudaMalloc'ed.
@@ -112,6 +116,18 @@ def _plain(torch: Any | None, cuda_index: int | None, step: Callable[[], Any], r
         out["allocator"] = {name: _median(values) for name, values in allocator.items()}
 
 
+def _bytecodes(step: Callable[[], Any], steps: int, out: dict[str, Any],
+               varies: dict[str, list[float]]) -> None:
+    from pytest_gputrain.collect.bytecodes import count_bytecodes
+
+    found = count_bytecodes(step, steps)
+    if isinstance(found, str):
+        out["unavailable"]["bytecodes"] = found
+        return
+    _per_step([float(s.total) for s in found], "bytecodes", out["per_step"], varies)
+    out["bytecodes_by_function"] = _histogram(s.by_function for s in found)
+
+
 def _operators(torch: Any, step: Callable[[], Any], steps: int, cuda: bool,
                out: dict[str, Any], varies: dict[str, list[float]]) -> None:
     from pytest_gputrain.collect.op_counts import count_ops
@@ -169,21 +185,25 @@ def count_step(step: Callable[[], Any], *, torch: Any | None, cuda_index: int | 
     varies: dict[str, list[float]] = {}
     if torch is None:
         _plain(None, None, step, host_rounds, out, varies)
-        for name in EXACT:
+        _bytecodes(step, steps, out, varies)
+        for name in OF_TORCH:
             out["unavailable"][name] = "torch is not in use in this benchmark"
+        out["varies"] = varies
         return out
     cuda = cuda_index is not None
     with torch.cuda.device(cuda_index) if cuda else contextlib.nullcontext():
         _plain(torch, cuda_index, step, host_rounds, out, varies)
+        _bytecodes(step, steps, out, varies)
         _operators(torch, step, steps, cuda, out, varies)
         if out["per_step"].get("ops") == 0 and "ops" not in varies:
             # torch is loaded, but this step is plain Python: there is nothing of torch's to
             # count, and counts of 0 would only be rows saying so
-            for name in EXACT:
+            for name in OF_TORCH:
                 out["per_step"].pop(name, None)
+                varies.pop(name, None)
                 out["unavailable"][name] = ("the step dispatched no ATen operator: torch is "
                                             "not in use in it")
-            out["varies"] = {}
+            out["varies"] = varies
             return out
         if cuda:
             _activity(torch, step, steps, out, varies)

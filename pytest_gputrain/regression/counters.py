@@ -5,10 +5,11 @@ A benchmark's counting pass (``collect.step_counters``, run by ``benchmark.measu
 timed rounds) stores its counts with the result (``ResultRecord.counters``). Two kinds:
 
 - **exact** counters (``EXACT``): kernels, syncs, host<->device copies and bytes, allocator
-  calls, ATen operators per step. The same code counts the same in every session, whatever
-  the host is doing, so no statistics are needed: a count that rose is a regression on its own
-  evidence (``decide_exact``), and the verdict names what rose ("+1 sync per step
-  (Tensor.item() at train.py:42 ...)", "+64 kernels per step (aten::index ×64)").
+  calls, ATen operators and Python bytecodes per step. The same code counts the same in every
+  session, whatever the host is doing, so no statistics are needed: a count that rose is a
+  regression on its own evidence (``decide_exact``), and the verdict names what rose ("+1 sync
+  per step (Tensor.item() at train.py:42 ...)", "+64 kernels per step (aten::index ×64)",
+  "+25.7 k Python bytecodes per step (in log_step (train.py:88) ×25679)").
 - **host** counters (``STATISTICAL``): the host's CPU time and instructions per step. They move
   with the host (clock frequency, caches), less than the wall clock does, and are compared over
   sessions as the step time is (``stats.compare_sessions``), each session summarised by its
@@ -38,12 +39,14 @@ WORDS: dict[str, tuple[str, str]] = {
     "d2h_bytes": ("byte copied device to host", "bytes copied device to host"),
     "allocs": ("allocation", "allocations"), "cuda_mallocs": ("cudaMalloc", "cudaMallocs"),
     "ops": ("ATen operator", "ATen operators"),
+    "bytecodes": ("Python bytecode", "Python bytecodes"),
     "host_cpu": ("host CPU time", "host CPU time"), "instructions": ("instruction",
                                                                      "instructions"),
 }
 LABELS = {"kernels": "kernels", "syncs": "syncs", "h2d_copies": "H2D copies",
           "h2d_bytes": "H2D bytes", "d2h_copies": "D2H copies", "d2h_bytes": "D2H bytes",
           "allocs": "allocations", "cuda_mallocs": "cudaMalloc", "ops": "ATen ops",
+          "bytecodes": "Python bytecodes",
           "host_cpu": "host CPU time", "instructions": "instructions"}
 # The operators behind the usual synchronisations, as the user wrote them.
 SYNC_CALLS = {"aten::_local_scalar_dense": "Tensor.item()", "aten::nonzero": "nonzero()",
@@ -97,7 +100,7 @@ def amount(name: str, value: float | None, *, signed: bool = False) -> str:
         return sign + format_bytes(value)
     if name == "host_cpu":
         return sign + format_duration(value, precise=True)
-    if name == "instructions":
+    if name in ("instructions", "bytecodes"):
         for scale, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
             if abs(value) >= scale:
                 return f"{sign}{value / scale:.3g}{suffix}"
@@ -298,12 +301,17 @@ def cause(name: str, baseline: Sequence[ResultRecord], current: Sequence[ResultR
         return _listed(kernels)
     if name in ("allocs", "cuda_mallocs", "ops"):
         return _listed(ops)
+    if name == "bytecodes":
+        functions = histogram_diff(counters_of(before).get("bytecodes_by_function") or {},
+                                   counters_of(after).get("bytecodes_by_function") or {})
+        return f"in {_listed(functions)}" if functions else ""
     if name in STATISTICAL:
         counted = [n for n in EXACT if exact_value(before, n) is not None
                    and exact_value(before, n) != exact_value(after, n)]
         if not counted:
             return ("no exact counter changed: the host does more outside torch's operators "
-                    "(Python, data preparation, a library's own work)")
+                    "and the step's own Python (native code: data preparation, a library's own "
+                    "work, another thread's)")
         return "with " + "; ".join(change_phrase(n, baseline, current) for n in counted)
     return ""
 

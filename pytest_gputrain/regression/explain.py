@@ -1,6 +1,6 @@
 """Each compared test explained: its counters per step, baseline beside current, and what
-changed in the kernel-name histogram, the ATen operators, and the call sites of syncs and
-copies.
+changed in the kernel-name histogram, the ATen operators, the call sites of syncs and copies,
+and the Python functions' bytecodes.
 
 ``explain_sides`` makes one plain dict per test (JSON-ready: the ``--gpu-benchmark-json`` and
 ``compare --format json`` documents hold them, and the diagnosis's ``benchmarks`` section hands
@@ -74,6 +74,7 @@ def explain(nodeid: str, baseline: Sequence[ResultRecord], current: Sequence[Res
                                         for r in (before, after))),
         "copies": _rows("call sites", *(counters.sites(r, "copy_sites") if r else {}
                                          for r in (before, after))),
+        "functions": _rows("functions", *(e.get("bytecodes_by_function") or {} for e in ends)),
     }
     return {
         "nodeid": nodeid,
@@ -140,6 +141,8 @@ def markdown(explanations: Sequence[Mapping[str, Any]], heading: str = "####") -
         out.extend(_histogram("ATen operators whose count changed", x.get("ops") or []))
         out.extend(_histogram("Syncs whose call sites changed", x.get("syncs") or []))
         out.extend(_histogram("Copies whose call sites changed", x.get("copies") or []))
+        out.extend(_histogram("Python functions whose bytecodes changed",
+                              x.get("functions") or []))
         missing = x.get("unavailable") or {}
         if missing:
             reasons: dict[str, list[str]] = {}

@@ -211,11 +211,12 @@ def _history(args: argparse.Namespace) -> int:
 RUN_HEADERS = ("id", "name", "created", "commit", "device", "torch", "tests")
 TEST_HEADERS = ("run", "name", "created", "commit", "rounds", "median step", "IQR",
                 "peak VRAM", "throttled")
-COUNTER_HEADERS = ("kernels", "syncs", "H2D", "allocs", "ops", "host CPU", "instructions",
-                   "step")
+COUNTER_HEADERS = ("kernels", "syncs", "H2D", "allocs", "ops", "bytecodes", "host CPU",
+                   "instructions", "step")
 # The counters ``history --test`` shows, one column each (the exact ones per step, the host's
 # from the fastest round of the counting pass): what a session did per step beside its times.
-SHOWN_COUNTERS = ("kernels", "syncs", "h2d_bytes", "allocs", "ops", "host_cpu", "instructions")
+SHOWN_COUNTERS = ("kernels", "syncs", "h2d_bytes", "allocs", "ops", "bytecodes", "host_cpu",
+                  "instructions")
 
 
 def _run_rows(runs: list[RunInfo]) -> list[tuple[str, ...]]:

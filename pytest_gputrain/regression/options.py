@@ -10,7 +10,7 @@ from pytest_gputrain.options import Option
 # counting pass after the timed rounds: exact ones, then the host's CPU time and instructions.
 TIME_METRICS = ("step_time", "gpu_time", "peak_vram")
 EXACT_COUNTERS = ("kernels", "syncs", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes",
-                  "allocs", "cuda_mallocs", "ops")
+                  "allocs", "cuda_mallocs", "ops", "bytecodes")
 HOST_COUNTERS = ("host_cpu", "instructions")
 COUNTER_METRICS = EXACT_COUNTERS + HOST_COUNTERS
 METRICS = TIME_METRICS + COUNTER_METRICS
@@ -46,7 +46,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--gpu-regression", "gpu_regression", "what counts as a regression: METRIC:PERCENT "
             f"pairs (METRIC:off drops one), metrics {', '.join(METRICS)}; 'auto' (the "
             "default) is step_time:5%,peak_vram:2% and, by the step's kind, its counters "
-            "(kernels, syncs, copies, allocations: any rise; instructions 1%, host_cpu 2%) "
+            "(kernels, syncs, copies, allocations: any rise; Python bytecodes and "
+            "instructions 1%, host_cpu 2%) "
             "or gpu_time:1%; e.g. auto,step_time:2%,host_cpu:off", metavar="SPEC"),
     Option("--gpu-alpha", "gpu_alpha", "significance level of the test over sessions that a "
             f"regression needs besides the threshold (default {DEFAULT_ALPHA})",
@@ -80,7 +81,8 @@ OPTIONS: tuple[Option, ...] = (
             "benchmarks)", kind="bool", default=False),
     Option("--gpu-benchmark-counters", "gpu_benchmark_counters", "gpu_benchmark: count, in "
             "an untimed pass after the timed rounds, what each step does (kernels, syncs, "
-            "copies, allocations, ATen operators, the host's CPU time and instructions); on by "
+            "copies, allocations, ATen operators, Python bytecodes, the host's CPU time and "
+            "instructions); on by "
             "default (--no-gpu-benchmark-counters saves the pass's few steps)",
             kind="bool", default=True),
     Option("--gpu-benchmark-warmup", "gpu_benchmark_warmup", "gpu_benchmark: untimed calls "

@@ -146,6 +146,10 @@ def test_kernels_copies_and_syncs_are_counted_exactly_with_their_call_sites() ->
     assert plain["ops_by_name"]["aten::mul"] == 200 and plain["ops_by_name"]["aten::add"] == 200
     assert plain["gpu_busy"] > 0 and len(plain["host_cpu"]) >= 8
     assert "kernels" not in plain["unavailable"]
+    # the loop's Python, the same count every step (sys.monitoring on 3.12+), named by function
+    assert per_step["bytecodes"] >= 200 * 4 and "bytecodes" not in plain["unavailable"]
+    assert any(name.startswith("_small_kernels_step (test_regression_gpu.py:")
+               for name in plain["bytecodes_by_function"])
 
     synced = _counted(_small_kernels_step, True)
     assert synced["per_step"]["syncs"] == 1 and synced["per_step"]["d2h_copies"] == 1
