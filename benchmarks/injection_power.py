@@ -29,6 +29,7 @@ code, and the host CPU time's own spread between sessions.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import multiprocessing
@@ -218,9 +219,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The run's description and its sessions; a line cut short at the end (a run stopped
-    mid-write) is left out."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+    """The run's description and its sessions (a ``.gz`` file is read as gzip: the recorded
+    H200 run in tests/facts is kept so); a line cut short at the end (a run stopped mid-write)
+    is left out."""
+    if path.suffix == ".gz":
+        lines = gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+    else:
+        lines = path.read_text(encoding="utf-8").splitlines()
     meta = json.loads(lines[0])
     if meta.get("kind") != KIND:
         raise ValueError(f"{path} is not a file of regression_power.py --injections")

@@ -420,3 +420,35 @@ def test_injections_cpu_smoke_run(tmp_path: Path) -> None:
     assert kernel["named"] == 6 and "ops" in kernel["by"]
     assert kernel["counters_changed"][0].startswith("+2 ATen operators per step (aten::mul")
     assert "MLP 512-1024-1024-10" in completed.stdout
+
+
+H200_INJECTIONS = Path(__file__).parent / "facts" / "h200_injections.jsonl.gz"
+
+
+def test_the_recorded_h200_injection_run_is_caught_and_named_at_four_a_side(tmp_path: Path
+                                                                           ) -> None:
+    """The H200 run of 2026-12-02 (43 sessions, 4 busy processes on the host, each session its
+    own process), replayed as compare decides: every injection is caught and named on the
+    launch-bound step, the extra Python work by its bytecodes where the host CPU time spreads
+    11 % between sessions; the GPU-bound step's Python work, which costs it nothing, is not
+    flagged, and its pageable copy is named through the sync at the copy's line."""
+    out = tmp_path / "figures.json"
+    text = _replay_injections(H200_INJECTIONS, "--sessions", "4", "--trials", "20", "--json",
+                              str(out))
+    assert "injection power: 43 sessions of" in text
+    assert "bytecodes per step over 13 unchanged sessions: 22.4 k-22.4 k, spread between " \
+           "sessions 0.00 %" in text
+    figures = json.loads(out.read_text())["steps"]
+    launch = figures["launch"]["variants"]
+    assert figures["launch"]["spreads"]["host_cpu"]["spread"] > 0.10  # the busy host
+    for variant in ("kernel", "sync", "copy", "python", "alloc"):
+        assert launch[variant]["caught"] == launch[variant]["named"] == 20, variant
+    assert set(launch["python"]["by"]) == {"bytecodes"}
+    assert launch["python"]["counters_changed"][0].startswith(
+        "+21.5 k Python bytecodes per step (in python_work (injections.py:")
+    assert launch["unchanged"]["false_alarms"] <= 1
+    gpu = figures["gpu"]["variants"]
+    assert gpu["unchanged"]["false_alarms"] == 0
+    assert gpu["python"]["caught"] == 0 and not gpu["python"]["must_catch"]
+    assert gpu["copy"]["named"] == 20 and set(gpu["copy"]["by"]) == {"syncs"}
+    assert "overall: PASS" in text
