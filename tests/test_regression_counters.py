@@ -424,3 +424,27 @@ def test_a_counting_pass_that_fails_fails_no_test() -> None:
     assert result.counters["per_step"] == {}
     assert result.counters["unavailable"]["host_cpu"] == (
         "the counting pass failed: StopIteration: ")
+
+
+def test_counts_that_follow_the_data_and_agree_in_the_median_are_ok() -> None:
+    """A step whose Python follows its data (a random transform in the main thread) counts a
+    few bytecodes more or fewer each step: overlapping counts whose medians agree are "ok", not
+    a "cannot tell" on every such test; counts apart are still a regression."""
+    def unsteady(value: int, low: int, high: int) -> dict[str, Any]:
+        found = counted(bytecodes=value)
+        found["varies"] = {"bytecodes": [low, high]}
+        return found
+
+    baseline, current = sides(unsteady(30_010, 29_950, 30_100), unsteady(30_040, 29_900,
+                                                                          30_120))
+    row = rows_by_metric(compare_test(NODE, baseline, current, AUTO))["bytecodes"]
+    assert row.verdict == "ok" and not row.exact
+    assert row.reason.startswith("the counts overlap, and the sides' medians are +30 Python "
+                                 "bytecodes per step apart, within the 1 % threshold; not exact")
+    apart = sides(unsteady(30_010, 29_950, 30_100), unsteady(52_000, 51_900, 52_100))
+    assert rows_by_metric(compare_test(NODE, *apart, AUTO))["bytecodes"].verdict == "regression"
+    far = sides(unsteady(30_010, 29_950, 30_100), unsteady(30_090, 30_000, 31_000))
+    assert rows_by_metric(compare_test(NODE, *far, AUTO))["bytecodes"].verdict == "ok"
+    drifted = sides(unsteady(30_010, 29_950, 30_100), unsteady(30_500, 30_050, 30_900))
+    assert rows_by_metric(compare_test(NODE, *drifted, AUTO))["bytecodes"].verdict == (
+        "cannot_tell")
