@@ -193,19 +193,36 @@ def _torch(memory: Any = None, backend: str = "native", recording: bool = False,
 
 def test_the_history_is_recorded_only_where_the_replay_models_the_allocator() -> None:
     memory = _Memory({}, {})
-    assert why_not_recorded(_torch(memory), {}) == ""
-    assert why_not_recorded(_torch(), {}) == "this torch cannot record the allocator's history"
-    assert "cudaMallocAsync" in why_not_recorded(_torch(memory, backend="cudaMallocAsync"), {})
-    assert why_not_recorded(_torch(memory, recording=True), {}) == (
+    assert why_not_recorded(_torch(memory)) == ""
+    assert why_not_recorded(_torch()) == "this torch cannot record the allocator's history"
+    assert "cudaMallocAsync" in why_not_recorded(_torch(memory, backend="cudaMallocAsync"))
+    assert why_not_recorded(_torch(memory, recording=True)) == (
         "the project records the allocator's history itself: left as it is")
+    # The settings in force, as the allocator reports them (the defaults: none of them).
+    defaults = {"expandable_segments": False, "max_split_size": -1,
+                "garbage_collection_threshold": 0.0,
+                "roundup_power2_divisions": {"1": 0, "2": 0}}
+    assert placement_settings({"allocator_settings": defaults}, {}) == []
+    changed = {**defaults, "expandable_segments": True, "max_split_size": 128 * MiB,
+               "roundup_power2_divisions": {"1": 4, "2": 0}}
+    assert placement_settings({"allocator_settings": changed}, {}) == [
+        "the allocator runs with expandable_segments",
+        "the allocator runs with max_split_size 134,217,728 bytes",
+        "the allocator runs with roundup_power2_divisions"]
+    # A torch whose snapshot does not say: the environment.
     environ = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128"}
-    assert placement_settings(environ) == [
+    assert placement_settings({}, environ) == [
         "PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:True",
         "PYTORCH_CUDA_ALLOC_CONF sets max_split_size_mb:128"]
-    assert placement_settings({"PYTORCH_ALLOC_CONF": "expandable_segments:False,"
-                                                     "release_lock_on_cudamalloc:True"}) == []
-    assert why_not_recorded(_torch(memory), environ).endswith(
-        "max_split_size_mb:128, which the replay does not model")
+    assert placement_settings({}, {"PYTORCH_ALLOC_CONF": "expandable_segments:False,"
+                                                         "release_lock_on_cudamalloc:True"}) == []
+    history = AllocatorHistory(_torch(_Memory({"allocator_settings": changed}, {})),
+                               SimpleNamespace(index=0), None, 8 * 2**30, environ={})
+    with history:
+        pass
+    assert history.room is None and history.why_not.endswith(
+        "roundup_power2_divisions, which the replay does not model")
+    assert history._torch.cuda.memory.recording == []  # never switched on
 
 
 def test_a_recorded_run_is_replayed_and_checked_against_the_allocator() -> None:

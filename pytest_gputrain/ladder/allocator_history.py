@@ -28,7 +28,9 @@ from pytest_gputrain.ladder.allocator_model import (
 )
 
 MAX_EVENTS = 4_000_000  # a run with more is not replayed (its start would be overwritten)
-# Allocator settings that change where blocks go: the replay models the defaults only.
+# Allocator settings that change where blocks go, as PYTORCH_ALLOC_CONF (and the older
+# PYTORCH_CUDA_ALLOC_CONF) writes them, with the value that does (None: any value): the replay
+# models the defaults only.
 PLACEMENT = {"expandable_segments": "true", "max_split_size_mb": None,
              "roundup_power2_divisions": None, "garbage_collection_threshold": None}
 CONFIG_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -36,8 +38,24 @@ SIZE_TEXT = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
 UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
-def placement_settings(environ: Mapping[str, str]) -> list[str]:
-    """The allocator settings in ``environ`` that the replay does not model, as written."""
+def placement_settings(snapshot: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """The allocator settings in force that the replay does not model: as the allocator reports
+    them in a snapshot (``allocator_settings``, set by the environment or at run time), else as
+    the environment writes them."""
+    running = snapshot.get("allocator_settings")
+    if isinstance(running, Mapping):
+        found = []
+        if running.get("expandable_segments"):
+            found.append("expandable_segments")
+        split = running.get("max_split_size")
+        if isinstance(split, int) and 0 < split < 2**62:  # the default is SIZE_MAX (or -1)
+            found.append(f"max_split_size {split:,} bytes")
+        if float(running.get("garbage_collection_threshold") or 0) > 0:
+            found.append(f"garbage_collection_threshold {running['garbage_collection_threshold']}")
+        divisions = running.get("roundup_power2_divisions") or {}
+        if any(int(value) > 1 for value in divisions.values()):
+            found.append("roundup_power2_divisions")
+        return [f"the allocator runs with {setting}" for setting in found]
     found = []
     for variable in CONFIG_VARIABLES:
         for item in environ.get(variable, "").split(","):
@@ -47,8 +65,8 @@ def placement_settings(environ: Mapping[str, str]) -> list[str]:
     return found
 
 
-def why_not_recorded(torch: Any, environ: Mapping[str, str]) -> str:
-    """Why the allocator's history cannot be recorded and replayed here ("" when it can)."""
+def why_not_recorded(torch: Any) -> str:
+    """Why the allocator's history cannot be recorded here ("" when it can)."""
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     if not callable(getattr(memory, "_record_memory_history", None)) or not callable(
             getattr(memory, "_snapshot", None)):
@@ -59,9 +77,6 @@ def why_not_recorded(torch: Any, environ: Mapping[str, str]) -> str:
     enabled = getattr(getattr(torch, "_C", None), "_cuda_isHistoryEnabled", None)
     if callable(enabled) and enabled():
         return "the project records the allocator's history itself: left as it is"
-    settings = placement_settings(environ)
-    if settings:
-        return f"{'; '.join(settings)}, which the replay does not model"
     return ""
 
 
@@ -82,24 +97,32 @@ class AllocatorHistory:
         self._torch, self._limit, self._budget = torch, limit, budget
         self._index = (device.index if device.index is not None
                        else int(getattr(torch.cuda, "current_device", lambda: 0)()))
-        self.why_not = why_not_recorded(torch, os.environ if environ is None else environ)
+        self._environ = os.environ if environ is None else environ
+        self.why_not = why_not_recorded(torch)
         self.recording: Recording | None = None
         self.room: int | None = None
         self.short_by: int | None = None  # where the run ran out of memory: bytes it lacked
         self._before: Mapping[str, Any] = {}
+        self._recording = False
 
     def __enter__(self) -> AllocatorHistory:
-        if not self.why_not:
-            memory = self._torch.cuda.memory
-            self._before = memory._snapshot()
-            memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                          max_entries=MAX_EVENTS)
+        if self.why_not:
+            return self
+        memory = self._torch.cuda.memory
+        self._before = memory._snapshot()
+        unmodelled = placement_settings(self._before, self._environ)
+        if unmodelled:
+            self.why_not = f"{'; '.join(unmodelled)}, which the replay does not model"
+            return self
+        memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                      max_entries=MAX_EVENTS)
+        self._recording = True
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
         out_of_memory = error is not None and isinstance(error, self._torch.OutOfMemoryError)
-        if not self.why_not:
+        if self._recording:
             self._read_history()
         if out_of_memory:
             assert error is not None
