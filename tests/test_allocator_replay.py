@@ -124,9 +124,11 @@ def test_a_replay_agrees_with_the_allocator_only_where_it_made_the_same_segments
                ("alloc", 3, 32 * MiB))
     made = tuple((size, 0x7000_0000 + index * 2**30)
                  for index, size in enumerate((64 * MiB, 20 * MiB)))
-    assert agrees(Recording((), run.events, made), None) == (2, 2)
+    assert agrees(Recording((), run.events, made), None) == (2, 2, 2)
     other = ((64 * MiB, 0x7000_0000), (32 * MiB, 0x8000_0000))  # not what the policy does
-    assert agrees(Recording((), run.events, other), None) == (1, 2)
+    assert agrees(Recording((), run.events, other), None) == (1, 2, 2)
+    # A replay that makes one more segment than the allocator did does not agree either.
+    assert agrees(Recording((), run.events, made[:1]), None) == (1, 1, 2)
 
 
 def _snapshot_pair() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -162,7 +164,7 @@ def test_a_recording_is_read_from_two_snapshots_of_torch() -> None:
                                 Event("free", base + 4 * MiB, 40 * MiB - 100),
                                 Event("free", base + 2 * MiB - 512, 512))
     assert recording.segments_made == ((40 * MiB, base + 4 * MiB),)
-    assert agrees(recording, None) == (1, 1) and least_room(recording) == 42 * MiB
+    assert agrees(recording, None) == (1, 1, 1) and least_room(recording) == 42 * MiB
     assert recording_from_snapshots(before, {"device_traces": []}, 3).events == ()
 
 
@@ -241,7 +243,8 @@ def test_a_recorded_run_is_replayed_and_checked_against_the_allocator() -> None:
     with history:
         pass
     assert history.room is None and history.why_not == (
-        "the replay made 0 of the allocator's 1 segments alike, then differed: not trusted")
+        "the replay differed from the allocator at segment 1 (the allocator made 1, the replay "
+        "1): not trusted")
 
 
 def test_a_run_that_ran_out_of_memory_says_how_much_it_lacked() -> None:

@@ -132,10 +132,10 @@ class AllocatorHistory:
         if self.recording.out_of_memory is not None:
             self.why_not = "the run ran out of memory"
             return
-        alike, made = agrees(self.recording, self._limit)
-        if alike < made:
-            self.why_not = (f"the replay made {alike} of the allocator's {made} segments alike, "
-                            f"then differed: not trusted")
+        alike, made, replayed = agrees(self.recording, self._limit)
+        if not alike == made == replayed:
+            self.why_not = (f"the replay differed from the allocator at segment {alike + 1} (the "
+                            f"allocator made {made}, the replay {replayed}): not trusted")
             return
         self.room = least_room(self.recording)
 

@@ -264,14 +264,15 @@ def replay(recording: Recording, limit: int | None, *, as_recorded: bool = False
     return Replay(True, model.peak_allocated, model.peak_reserved, model.segments_made)
 
 
-def agrees(recording: Recording, limit: int | None) -> tuple[int, int]:
-    """How many of the segments the allocator made, in order, the replay under the run's own
-    ``limit`` made alike (same size, same place); and how many it made. Equal: the replay
-    followed the allocator's every decision."""
+def agrees(recording: Recording, limit: int | None) -> tuple[int, int, int]:
+    """How far the replay under the run's own ``limit`` made the segments the allocator made:
+    the number alike (same size, same place) from the first on, the number the allocator made,
+    the number the replay made. All three equal: the replay followed the allocator's every
+    decision."""
     made = replay(recording, limit, as_recorded=True).segments_made
     pairs = zip(made, recording.segments_made, strict=False)  # up to the shorter
     alike = sum(1 for _ in itertools.takewhile(lambda pair: pair[0] == pair[1], pairs))
-    return alike, len(recording.segments_made)
+    return alike, len(recording.segments_made), len(made)
 
 
 def least_room(recording: Recording) -> int | None:
