@@ -1,21 +1,23 @@
 """How close the ladder's batch-headroom prediction comes to the largest batch a fresh process
 fits, on models and optimizers the ladder's constants were not tuned on.
 
-    python benchmarks/headroom_accuracy.py --out headroom.json    # every case, ~4 min on an H200
+    python benchmarks/headroom_accuracy.py --deadline 165 --out headroom.json  # ~4 min, H200
     python benchmarks/headroom_accuracy.py --cases resnet50-adamw,vit-sgd --out headroom.json
     python benchmarks/headroom_accuracy.py --device cpu --out smoke.json   # the plumbing, anywhere
 
 Each case is a model, an optimizer, a precision, an image (or sequence) size and a per-process
 memory budget, set with ``torch.cuda.set_per_process_memory_fraction``:
 
-1. **Prediction.** A fresh process runs ``Ladder.largest_batch`` under the budget: at most three
-   probes, the prediction, its verification (goal: no out-of-memory error in the ladder).
+1. **Prediction.** A fresh process runs ``Ladder.largest_batch`` under the budget: its probes
+   (each a new model's first two steps, the allocator's history replayed), the prediction, its
+   verification (goal: no out-of-memory error in the ladder).
 2. **The true largest batch.** Every candidate batch runs in a fresh process of its own under the
    same budget: a new model and optimizer, two full training steps (the second is the first with
    the optimizer's state), the question only "did it run out of memory". A k-ary search narrows
    the bracket: ``--width`` candidates a round, run at once, the first round spread around the
-   prediction; the search ends when the largest batch that fits and the smallest that does not
-   are neighbours.
+   prediction and holding it; the search ends when the largest batch that fits and the smallest
+   that does not are neighbours. Both then run once more, each in a fresh process: a boundary
+   that does not repeat itself is reported, not hidden.
 3. **Ratio** = predicted / true largest (goal: 0.97 to 1.00).
 
 Processes run in parallel on the one GPU, as many at once as their budgets and a CUDA context
@@ -246,7 +248,7 @@ def child_main(role: str, case: Case, batch: int, budget: int, device: str) -> d
     model = spec.make_model().to(cuda)
     optimizer = spec.make_optimizer(model)
     steps = spec.batches(batch)
-    free_at_oom, error = None, None
+    free_at_oom, error, at_oom = None, None, {}
     try:
         for _ in range(2):
             spec.step(model, next(steps), optimizer, cuda, case.precision)
@@ -259,11 +261,21 @@ def child_main(role: str, case: Case, batch: int, budget: int, device: str) -> d
         if not isinstance(failure, torch.OutOfMemoryError) and not (
                 "out of memory" in text.lower() or "ALLOC_FAILED" in text):
             raise
-        fits, error = False, text.splitlines()[0][:300] if text else type(failure).__name__
+        fits, error = False, text.splitlines()[0][:600] if text else type(failure).__name__
         free_at_oom = int(torch.cuda.mem_get_info()[0])
+        # What the allocator held when it gave up (it had given back every free segment): the
+        # live bytes, and the free pieces of the segments they pin.
+        stats = torch.cuda.memory_stats()
+        at_oom = {"allocated_at_oom": stats.get("allocated_bytes.all.current"),
+                  "reserved_at_oom": stats.get("reserved_bytes.all.current")}
+    stats = torch.cuda.memory_stats()
     return {"batch": batch, "fits": fits, "error": error,
             "peak_allocated": int(torch.cuda.max_memory_allocated()),
             "peak_reserved": int(torch.cuda.max_memory_reserved()),
+            # Allocations the allocator failed (cuDNN catches its own and picks a plan with a
+            # smaller workspace) and the times it gave back its cache to retry one.
+            "allocator_ooms": int(stats.get("num_ooms", 0)),
+            "alloc_retries": int(stats.get("num_alloc_retries", 0)), **at_oom,
             # A failure with little free on the device was other processes', not the budget's.
             "free_at_oom": free_at_oom, "seconds": time.perf_counter() - started}
 
@@ -350,15 +362,18 @@ GROWTH = 0.08  # per candidate, while every batch tried fits (or none does)
 def candidates(low: int | None, high: int | None, guess: int, width: int) -> list[int]:
     """The next round's batch sizes. ``low`` fits, ``high`` does not (None: not known yet).
     Both known: up to ``width`` evenly spaced strictly between them (none when neighbours).
-    Neither: spread over FIRST_ROUND around ``guess``. One side: stepping away from it."""
+    Neither: spread over FIRST_ROUND around ``guess``, the guess among them (the ladder's
+    prediction, run in a fresh process). One side: stepping away from it."""
     if low is not None and high is not None:
         count = min(width, high - low - 1)
         return sorted({low + round((high - low) * (i + 1) / (count + 1)) for i in range(count)}
                       - {low, high})
-    if low is None and high is None:
+    if low is None and high is None:  # the guess itself, in place of the nearest spread one
         lo, hi = FIRST_ROUND
-        spread = [guess * (lo + (hi - lo) * i / max(width - 1, 1)) for i in range(width)]
-        return sorted({max(1, round(b)) for b in spread})
+        spread = {max(1, round(guess * (lo + (hi - lo) * i / max(width - 1, 1))))
+                  for i in range(width)}
+        spread.discard(min(spread, key=lambda b: (abs(b - guess), b)))
+        return sorted(spread | {max(1, guess)})
     if low is not None:  # everything tried fitted: step up
         return sorted({max(low + 1 + i, round(low * (1 + GROWTH * (i + 1))))
                        for i in range(width)})
@@ -417,6 +432,28 @@ def search_largest(try_batches: Callable[[list[int]], dict[int, bool]], guess: i
     return state
 
 
+def confirm_boundary(try_batches: Callable[[list[int]], dict[int, bool]], state: Search,
+                     repeats: int = 1) -> dict[str, Any]:
+    """Each side of the boundary run again in fresh processes, ``repeats`` times: the largest
+    batch that fitted must fit again, the smallest that did not must fail again. A fresh
+    process at one batch is expected to repeat itself (same model, seed and sizes, so the same
+    allocations); one that does not is reported, and the boundary with it."""
+    if not state.exact or state.low is None or state.high is None:
+        return {"confirmed": None, "repeats": {}, "why": "no exact boundary to run again"}
+    outcomes: dict[int, list[bool]] = {state.low: [], state.high: []}
+    for _ in range(repeats):
+        for batch, fits in try_batches([state.low, state.high]).items():
+            outcomes[batch].append(fits)
+    confirmed = all(outcomes[state.low]) and not any(outcomes[state.high])
+    why = "" if confirmed else (
+        f"batch {state.low} fitted, then {outcomes[state.low].count(False)} of "
+        f"{len(outcomes[state.low])} repeats ran out of memory; batch {state.high} ran out of "
+        f"memory, then fitted {outcomes[state.high].count(True)} of "
+        f"{len(outcomes[state.high])} repeats")
+    return {"confirmed": confirmed, "repeats": {str(b): v for b, v in outcomes.items()},
+            "why": why}
+
+
 # -- results ------------------------------------------------------------------------------------
 
 
@@ -467,13 +504,33 @@ def _gib(nbytes: float | None) -> str:
     return "–" if nbytes is None else f"{nbytes / GiB:.2f}"
 
 
+def _waste(prediction: dict[str, Any]) -> int | None:
+    """What the replayed allocator needed beyond the verification's peak: its fragmentation."""
+    room, peak = prediction.get("verified_room"), prediction.get("verified_peak")
+    return None if room is None or peak is None else room - peak
+
+
+def _outcome(fits: bool | None) -> str:
+    return "–" if fits is None else "fits" if fits else "out of memory"
+
+
+def _boundary(boundary: dict[str, Any] | None) -> str:
+    if not boundary or boundary.get("confirmed") is None:
+        return "–"
+    return "same" if boundary["confirmed"] else "differed"
+
+
 def verdict(entry: dict[str, Any]) -> str:
     ratio, ooms = entry.get("ratio"), entry.get("ladder_ooms")
     if entry.get("status") == "done" and ratio is None:
         return "MISSED (nothing predicted, or nothing fits)"
     if ratio is None or ooms is None:
         return str(entry.get("status", "not run"))
-    return "ok" if 0.97 <= ratio <= 1.0 and ooms == 0 else "MISSED"
+    met = "ok" if 0.97 <= ratio <= 1.0 and ooms == 0 else "MISSED"
+    confirmed = entry.get("boundary", {}).get("confirmed", True)
+    if confirmed is None:
+        return f"{met}, boundary not run again"
+    return met if confirmed else f"{met}, boundary not repeatable"
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -486,8 +543,9 @@ def markdown(data: dict[str, Any]) -> str:
         "| case | model | optimizer | precision | budget GiB | probes (batch: GiB outside "
         "the optimizer step) | update GiB | predicted | true largest | ratio | ladder OOMs | "
         "allocator OOMs | left by probes GiB | verified peak GiB | peak at true largest GiB | "
-        "processes | verdict |",
-        "|" + "---|" * 17,
+        "waste replayed at the prediction GiB | prediction in a fresh process | boundary run "
+        "again | processes | verdict |",
+        "|" + "---|" * 20,
     ]
     for name, entry in data["cases"].items():
         config = entry.get("config", {})
@@ -508,6 +566,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"{entry.get('ladder_ooms', '–')} | {prediction.get('allocator_ooms', '–')} | "
             f"{_gib(prediction.get('left_by_probes'))} | "
             f"{_gib(prediction.get('verified_peak'))} | {_gib(at_true)} | "
+            f"{_gib(_waste(prediction))} | {_outcome(entry.get('fresh_at_prediction'))} | "
+            f"{_boundary(entry.get('boundary'))} | "
             f"{len(entry.get('trials', [])) + bool(prediction)} | {verdict(entry)} |")
     if "seconds" in data:
         lines += ["", f"{data['seconds']:.0f} s in all, at most {data.get('parallel')} "
@@ -560,8 +620,17 @@ def run_case(case: Case, budget: int, width: int, device: str, memory: GpuMemory
                          f"that did not ({state.high}): the boundary is not sharp")
         ratio = (predicted / state.low) if predicted and state.low else None
         results.update(case.name, true_largest=state.low, bracket=[state.low, state.high],
-                       exact=state.exact, rounds=state.rounds, ratio=ratio, status="done",
-                       notes=notes)
+                       exact=state.exact, rounds=state.rounds, ratio=ratio,
+                       fresh_at_prediction=state.tried.get(int(predicted or 0)),
+                       status="confirming", notes=notes)
+        try:
+            boundary = confirm_boundary(try_batches, state)
+        except Stopped:
+            boundary = {"confirmed": None, "repeats": {},
+                        "why": "the deadline passed before the boundary could run again"}
+        if boundary["why"]:
+            notes.append(f"boundary: {boundary['why']}")
+        results.update(case.name, boundary=boundary, status="done", notes=notes)
     except (Stopped, RuntimeError) as error:
         notes.append(str(error))
         results.update(case.name, status="cut short" if isinstance(error, Stopped) else "failed",

@@ -59,7 +59,36 @@ def test_a_batch_that_fits_above_one_that_did_not_is_reported() -> None:
     assert (low, high, above) == (90, 100, [104])
     assert module.candidates(90, 100, 0, 4) == [92, 94, 96, 98]
     assert module.candidates(99, 100, 0, 4) == []
-    assert module.candidates(None, None, 500, 8) == [470, 481, 493, 504, 516, 527, 539, 550]
+    # The prediction itself is among the first round's, in place of the nearest (504).
+    assert module.candidates(None, None, 500, 8) == [470, 481, 493, 500, 516, 527, 539, 550]
+
+
+def test_the_boundary_is_run_again_and_a_repeat_that_differs_is_reported() -> None:
+    """ViT-B/16 with SGD on the H200: the ladder's own verification fitted 325 where fresh
+    processes ran out of memory at 323 to 328. Each side of the boundary runs once more in a
+    fresh process; the table says whether they repeated themselves."""
+    module = _benchmark()
+
+    def steady(batches: list[int]) -> dict[int, bool]:
+        return {batch: batch <= 322 for batch in batches}
+
+    state = module.search_largest(steady, 325, width=8)
+    assert (state.low, state.high) == (322, 323)
+    assert 325 in state.tried and state.tried[325] is False  # the prediction, run fresh
+    assert module.confirm_boundary(steady, state) == {
+        "confirmed": True, "repeats": {"322": [True], "323": [False]}, "why": ""}
+    flaky = module.confirm_boundary(lambda batches: dict.fromkeys(batches, True), state)
+    assert flaky["confirmed"] is False and flaky["why"] == (
+        "batch 322 fitted, then 0 of 1 repeats ran out of memory; batch 323 ran out of memory, "
+        "then fitted 1 of 1 repeats")
+    unfinished = module.Search(low=300, high=None)
+    assert module.confirm_boundary(steady, unfinished)["confirmed"] is None
+    entry = {"status": "done", "ratio": 0.99, "ladder_ooms": 0}
+    assert module.verdict({**entry, "boundary": {"confirmed": True}}) == "ok"
+    assert module.verdict({**entry, "boundary": {"confirmed": False}}) == (
+        "ok, boundary not repeatable")
+    assert module.verdict({**entry, "ratio": 1.009, "boundary": {"confirmed": None}}) == (
+        "MISSED, boundary not run again")
 
 
 def test_processes_share_the_gpus_memory_in_the_order_they_asked() -> None:
@@ -146,6 +175,11 @@ def test_cpu_smoke_run(tmp_path: Path) -> None:
     assert {trial["batch"] for trial in case["trials"]} >= {module.SMOKE_LIMIT,
                                                              module.SMOKE_LIMIT + 1}
     assert data["smoke"] is True and "seconds" in data
+    # The prediction ran in a fresh process too, and the boundary ran once more on each side.
+    assert case["fresh_at_prediction"] is True
+    assert case["boundary"] == {"confirmed": True, "why": "",
+                                "repeats": {str(module.SMOKE_LIMIT): [True],
+                                            str(module.SMOKE_LIMIT + 1): [False]}}
     table = out.with_suffix(".md").read_text()
     assert "SMOKE RUN: memory modelled, not measured." in table
     assert "| smoke-adamw |" in table and table in completed.stdout

@@ -19,6 +19,14 @@ state and the temporaries of its update) it does not. With AdamW the update can 
 forward and backward of small batches: a line through whole-step peaks is then flat there, and
 predicts nothing. The batch must fit under both lines; a phase that does not grow bounds
 nothing.
+
+What must fit under the budget is not the live bytes but the segments they pin: the caching
+allocator's fragmentation. Each probe's allocations are replayed through the allocator's policy
+(allocator_model.py) to find the least limit under which they all run: its ``room``. The room
+above the whole step's peak, the allocator's waste, gets a line of its own through the two
+largest probes that measured it, and is added to each phase's line; what is left of the budget
+(MARGIN) is for what a line through probes cannot see. Where no probe was replayed, a fixed
+share of the budget (UNREPLAYED_MARGIN) stands for the waste, as it did before the replay.
 """
 
 from __future__ import annotations
@@ -31,13 +39,15 @@ from dataclasses import dataclass
 # Shares of the reachable batch where the second and third probes go: far enough apart for a
 # steady slope, the third still a third of the way below the budget if the estimate is off.
 PROBE_SHARES = (1 / 3, 2 / 3)
-# What the prediction leaves of the budget. Near the limit the caching allocator frees its cache
-# and retries, so what must fit is the live memory plus what splitting and rounding waste; on
-# the H200 the true largest batches of ResNet-50 and of the sample project came to 98.9 % and
-# 99.9 % of the budget in allocated bytes, so 2 % leaves the prediction within 3 % of them.
-MARGIN = 0.02
-# If the batch predicted with MARGIN runs out of memory on verification, the ladder retries
-# once at the batch this wider margin gives.
+# What the prediction leaves of the budget beyond the allocator's replayed waste: the lines'
+# own error at the prediction (on the H200, fresh processes near the limit peaked up to 1.0 %
+# of the budget above the line through the probes: ViT-B/16, AdamW, 8 GiB).
+MARGIN = 0.01
+# Where no probe was replayed: the waste too. On the H200 the true largest batches of ResNet-50
+# and of the sample project came to 98.9 % and 99.9 % of the budget in allocated bytes; those of
+# ViT-B/16 (AdamW) and of a GPT-style language model to 97.2 % and 95.6 %: not covered.
+UNREPLAYED_MARGIN = 0.02
+# The retry's margin where the verification's shortfall could not be measured.
 FALLBACK_MARGIN = 0.06
 # Past the three planned probes, more (up to MAX_PROBES) while the two largest are still flat:
 # their peak above what was held grew by less than FLAT times the share their batch grew by.
@@ -51,10 +61,12 @@ BEYOND_ALONE = 4.0
 
 @dataclass(frozen=True)
 class StepPeaks:
-    """Peak allocated bytes over a few training steps, split at the optimizer's step."""
+    """Peak allocated bytes over a few training steps, split at the optimizer's step, and the
+    least memory limit their allocations need, fragmentation included."""
 
     outside: int  # outside optimizer.step: the forward and backward, what grows with the batch
     optimizer: int | None = None  # inside it; None when it never ran (``outside`` is then all)
+    room: int | None = None  # the replayed allocator's least limit; None: not replayed
 
     @property
     def whole(self) -> int:
@@ -71,6 +83,9 @@ class LinearFit:
 
     def at(self, batch: float) -> float:
         return self.intercept + self.per_sample * batch
+
+    def __add__(self, other: LinearFit) -> LinearFit:
+        return LinearFit(self.intercept + other.intercept, self.per_sample + other.per_sample)
 
 
 def fit_line(points: Sequence[tuple[int, int]]) -> LinearFit:
@@ -104,11 +119,55 @@ def phase_lines(probes: Sequence[Probe]) -> list[LinearFit]:
             if len({batch for batch, _ in points}) >= 2]
 
 
-def predict(probes: Sequence[Probe], budget: int, safety: float = MARGIN) -> int | None:
-    """Largest batch at which every phase's line stays under ``budget`` less ``safety``; None
-    when no phase grows with the batch (nothing to extrapolate)."""
-    limits = [predict_largest(fit, budget, safety) for fit in phase_lines(probes)]
+def waste_line(probes: Sequence[Probe]) -> LinearFit | None:
+    """The allocator's waste (each probe's replayed room over its whole step's peak) against
+    the batch, through the two largest probes that were replayed; None with fewer than two.
+    Waste that shrinks with the batch is not extrapolated: the larger of the two stands."""
+    points = sorted((batch, peaks.room - peaks.whole) for batch, peaks in probes
+                    if peaks.room is not None)
+    if len({batch for batch, _ in points}) < 2:
+        return None
+    fit = fit_upper_line(points)
+    if fit.per_sample < 0:
+        return LinearFit(intercept=max(waste for _, waste in points[-2:]), per_sample=0.0)
+    return fit
+
+
+def requirement_lines(probes: Sequence[Probe]) -> list[LinearFit]:
+    """Each phase's line with the allocator's waste added, where it was replayed."""
+    waste = waste_line(probes)
+    lines = phase_lines(probes)
+    return lines if waste is None else [line + waste for line in lines]
+
+
+def margin(probes: Sequence[Probe]) -> float:
+    """The share of the budget a prediction leaves: MARGIN where the waste was replayed."""
+    return MARGIN if waste_line(probes) is not None else UNREPLAYED_MARGIN
+
+
+def predict(probes: Sequence[Probe], budget: int, safety: float | None = None) -> int | None:
+    """Largest batch at which every phase's requirement stays under ``budget`` less ``safety``
+    (default: ``margin(probes)``); None when no phase grows with the batch (nothing to
+    extrapolate)."""
+    safety = margin(probes) if safety is None else safety
+    limits = [predict_largest(fit, budget, safety) for fit in requirement_lines(probes)]
     return min((limit for limit in limits if limit is not None), default=None)
+
+
+def step_down(probes: Sequence[Probe], budget: int, attempt: int,
+              short_by: int | None) -> int | None:
+    """The batch to retry at after ``attempt`` needed ``short_by`` bytes more than ``budget``
+    (ran out of memory, or peaked over it): lower by that and the margin, at the cost per
+    sample of the line that bounds the prediction. Unmeasured: the prediction at
+    FALLBACK_MARGIN."""
+    if short_by is None:
+        return predict(probes, budget, FALLBACK_MARGIN)
+    growing = [fit for fit in requirement_lines(probes) if fit.per_sample > 0]
+    if not growing:
+        return None
+    bound = min(growing, key=lambda fit: (budget - fit.intercept) / fit.per_sample)
+    fewer = math.ceil((short_by + margin(probes) * budget) / bound.per_sample)
+    return max(0, attempt - max(1, fewer))
 
 
 def reachable_batch(probes: Sequence[Probe], fixed: int, budget: int) -> float:

@@ -13,7 +13,7 @@ Every rung records a row; the session prints the table and puts it in the report
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import gc
 import statistics
 import time
@@ -21,21 +21,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_gputrain.ladder.allocator_history import AllocatorHistory
 from pytest_gputrain.ladder.headroom import (
-    FALLBACK_MARGIN,
     MARGIN,
     Probe,
     StepPeaks,
     predict,
+    step_down,
     take_probes,
 )
 from pytest_gputrain.ladder.peaks import PeaksAroundOptimizerStep
 from pytest_gputrain.units import format_bytes
 
 Batch = Any  # whatever the project's step function takes
-# What the libraries keep from their first use for the process's life, in the caching
-# allocator: cuBLAS's workspace (32 MiB a stream on Hopper) and cuBLASLt's. A fresh process
-# makes them too, so probes that made them left nothing that matters.
+# What the probes may leave without a note: the libraries' small state. cuBLAS's workspaces
+# (32 MiB a handle on Hopper) are dropped between runs (_drop_library_workspaces); where a torch
+# cannot drop them, two of them stay, which a fresh process makes too.
 LIBRARY_WORKSPACES = 64 * 2**20
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -85,9 +86,14 @@ class HeadroomRecord:
     note: str = ""
     # Each probe's peak inside optimizer.step (None where the step never ran it).
     optimizer_peaks: list[int | None] = field(default_factory=list)
-    # Bytes the allocator still held, once the probes' model and optimizer were dropped and its
-    # cache emptied, beyond what it held when the rung began (None: not measured).
+    # Bytes the allocator still held, once the probes' models and optimizers were dropped and
+    # its cache emptied, beyond what it held when the rung began (None: not measured).
     left_by_probes: int | None = None
+    # Each probe's least memory limit, its allocations replayed through the caching allocator's
+    # policy (fragmentation included; None: not replayed), and the verification's.
+    probe_rooms: list[int | None] = field(default_factory=list)
+    verified_room: int | None = None
+    replay_note: str = ""  # why a probe's allocations were not replayed ("": all were)
 
 
 @dataclass
@@ -232,91 +238,135 @@ class Ladder:
     def largest_batch(self, precision: str = "fp32", start_batch: int = 32,
                       budget: int | None = None, device: str = "cuda") -> HeadroomRecord:
         """Predict the largest batch that fits the real budget from three probes (up to six
-        where small batches' peaks are flat), then verify it with one run of a new model.
+        where small batches' peaks are flat), each a new model's first two steps with the
+        allocator's history replayed, then verify it with one more such run.
         ``budget`` defaults to what this process may really use (memory_budget())."""
         torch = _torch()
         dev = self._device(device)
         budget = budget if budget is not None else memory_budget(dev)
         held_before = _settled_reserved(torch, dev)
-        probes = self._probes(dev, precision, start_batch, budget)
+        probes, not_replayed = self._probes(dev, precision, start_batch, budget)
         left_by_probes = max(0, _settled_reserved(torch, dev) - held_before)
+        # What this process still has: the prediction is verified here, in what is left.
+        room = budget - left_by_probes
         record = HeadroomRecord(
             precision=precision, budget=budget,
             probes=[(batch, peaks.outside) for batch, peaks in probes],
             optimizer_peaks=[peaks.optimizer for _, peaks in probes],
-            predicted=predict(probes, budget, MARGIN), verified=False, verified_peak=None,
-            left_by_probes=left_by_probes)
+            predicted=predict(probes, room), verified=False, verified_peak=None,
+            left_by_probes=left_by_probes, probe_rooms=[peaks.room for _, peaks in probes],
+            replay_note=not_replayed[0] if not_replayed else "")
         missed: list[str] = []
         if left_by_probes > max(budget * MARGIN, LIBRARY_WORKSPACES):
             missed.append(
                 f"the probes left {format_bytes(left_by_probes)} that emptying the cache could "
-                f"not free (something outside the rung keeps their tensors): the verification "
-                f"had that much less room than a fresh process")
-        # A batch that runs out of memory on verification, or peaks over a budget smaller than
-        # the GPU (one passed in), gets one retry at a wider margin.
-        fallback = predict(probes, budget, FALLBACK_MARGIN)
-        for attempt in dict.fromkeys((record.predicted, fallback)):
+                f"not free (something outside the rung keeps their tensors): predicted for the "
+                f"room left, that much less than a fresh process has")
+        # A batch that runs out of memory on verification, or needs more than the budget (one
+        # smaller than the GPU, passed in), gets one retry, lower by what it lacked. Where the
+        # allocator itself holds the process to the budget, a run that fitted proves it; where
+        # it does not, the replayed room must fit the budget too.
+        limit = _allocator_limit(torch, dev)
+        enforced = limit is not None and limit <= budget
+        attempt = record.predicted
+        for last in (False, True):
             if not attempt:
                 break
             record.predicted = attempt
-            try:
-                record.verified_peak = self._fresh_peaks(dev, precision, attempt).whole
-            except torch.OutOfMemoryError:
-                missed.append(f"batch {attempt} ran out of memory on verification")
-                continue
-            record.verified = record.verified_peak <= budget
-            if record.verified:
-                break
-            missed.append(f"batch {attempt} peaked at {format_bytes(record.verified_peak)}, "
-                          f"over the budget of {format_bytes(budget)}")
+            run = self._fresh_run(dev, precision, attempt, budget)
+            if run.peaks is None:
+                lacked = f" ({format_bytes(run.short_by)} short)" if run.short_by else ""
+                missed.append(f"batch {attempt} ran out of memory on verification{lacked}")
+                short_by = run.short_by
+            else:
+                record.verified_peak, record.verified_room = run.peaks.whole, run.peaks.room
+                needed = max(run.peaks.whole, 0 if enforced else run.peaks.room or 0)
+                record.verified = needed <= budget
+                if record.verified:
+                    break
+                how = ("peaked at" if needed == run.peaks.whole
+                       else "needs, with the allocator's fragmentation,")
+                missed.append(f"batch {attempt} {how} {format_bytes(needed)}, over the budget "
+                              f"of {format_bytes(budget)}")
+                short_by = needed - budget
+            attempt = None if last else step_down(probes, room, attempt, short_by)
         record.note = "; ".join(missed)
         self.results.headroom.append(record)
         _release(torch, dev)
         return record
 
     def _probes(self, device: Any, precision: str, start_batch: int,
-                budget: int) -> list[Probe]:
-        """The probes, on one model and optimizer that are gone when this returns (nothing here
-        outlives the call: the model, the optimizer and the partial that holds them)."""
-        torch = _torch()
-        model, optimizer = self._fresh(device)
-        # One step first, so optimizer state and workspaces exist in every probe's baseline.
-        self._run_steps(model, optimizer, device, precision, self.spec.batches(start_batch), 1)
-        peaks_of = functools.partial(self._peaks, model, optimizer, device, precision)
-        return take_probes(start_batch, peaks_of(start_batch),
-                           _settled_allocated(torch, device), budget, peaks_of)
+                budget: int) -> tuple[list[Probe], list[str]]:
+        """The probes, each a new model's and optimizer's first two steps in an emptied
+        allocator (nothing here outlives the call), and why any was not replayed."""
+        runs: list[_Run] = []
 
-    def _fresh_peaks(self, device: Any, precision: str, batch: int) -> StepPeaks:
-        """Peak allocated bytes over two steps at ``batch`` of a new model and optimizer, in an
-        allocator emptied first: what a fresh process at that batch would need.
+        def peaks_of(batch: int) -> StepPeaks:
+            run = self._fresh_run(device, precision, batch, budget)
+            if run.peaks is None:
+                raise LadderError(
+                    f"batch {batch} ran out of memory while probing the budget of "
+                    f"{format_bytes(budget)}: start the probes at a smaller batch (start_batch)")
+            runs.append(run)
+            return run.peaks
 
-        The probes' optimizer state was made at their first batch size, among the segments of
-        that step; left alive, it pins those segments after ``empty_cache()``, and their free
-        pieces are the wrong sizes for another batch's blocks. A batch that fits a fresh process
-        then runs out of memory here. The cache is emptied *before* the model is made, or its
-        parameters would land in the segments the probes cached and pin them in turn."""
+        first = peaks_of(start_batch)
+        probes = take_probes(start_batch, first, runs[0].held, budget, peaks_of)
+        return probes, [run.why_not_replayed for run in runs if run.why_not_replayed]
+
+    def _fresh_run(self, device: Any, precision: str, batch: int, budget: int) -> _Run:
+        """Two steps at ``batch`` of a new model and optimizer, in an allocator emptied first,
+        its history recorded: what a fresh process at that batch would do.
+
+        Optimizer state is made at the first step among the segments of that step; a model or
+        optimizer of another run left alive pins those segments after ``empty_cache()``, and
+        their free pieces are the wrong sizes for another batch's blocks (a batch that fits a
+        fresh process then runs out of memory here). So the cache is emptied, and the
+        libraries' workspaces dropped, *before* the model is made, or its parameters would
+        land in the segments cached before and pin them in turn."""
         torch = _torch()
         _release(torch, device)
-        model, optimizer = self._fresh(device)
+        history = AllocatorHistory(torch, device, _allocator_limit(torch, device), budget)
+        peaks, held = None, 0
         try:
-            return self._peaks(model, optimizer, device, precision, batch)
-        finally:
-            del model, optimizer  # an out-of-memory error's traceback keeps this frame
+            with history:
+                model, optimizer = self._fresh(device)
+                try:
+                    peaks = self._peaks(model, optimizer, device, precision, batch)
+                    held = _settled_allocated(torch, device)
+                finally:
+                    del model, optimizer  # an out-of-memory error's traceback keeps this frame
+        except torch.OutOfMemoryError:
+            pass  # the run's frames go with the error, here; history.short_by says by how much
+        if peaks is not None and history.room is not None:
+            peaks = dataclasses.replace(peaks, room=history.room)
+        return _Run(peaks=peaks, held=held, short_by=history.short_by,
+                    why_not_replayed=history.why_not)
 
     def _peaks(self, model: Any, optimizer: Any, device: Any, precision: str,
                batch: int) -> StepPeaks:
         """Two steps at ``batch``; their peaks outside and inside ``optimizer.step``."""
         torch = _torch()
         batches = self.spec.batches(batch)
-        _release(torch, device)
-        # Peak *allocated*, not reserved: near the budget the caching allocator frees its cache
-        # and retries, so what must fit is the live memory (reserved overstates it by ~50 %).
+        # Peak *allocated*: what the step's live tensors take. What the segments they pin take
+        # besides is the replay's (allocator_model.py); reserved overstates both, as the
+        # allocator keeps freed blocks cached until it needs the room (~50 % more).
         with PeaksAroundOptimizerStep(
                 optimizer, read_peak=lambda: int(torch.cuda.max_memory_allocated(device)),
                 reset_peak=lambda: torch.cuda.reset_peak_memory_stats(device)) as peaks:
             self._run_steps(model, optimizer, device, precision, batches, 2)
             torch.cuda.synchronize(device)
         return peaks.result()
+
+
+@dataclass
+class _Run:
+    """One run of ``Ladder._fresh_run``."""
+
+    peaks: StepPeaks | None  # None: it ran out of memory
+    held: int  # bytes allocated after its steps, with its model and optimizer alive
+    short_by: int | None  # where it ran out of memory: the bytes it lacked, if measured
+    why_not_replayed: str  # "" where its allocations were replayed
 
 
 def _detached(value: Any) -> Any:
@@ -337,7 +387,33 @@ def _release(torch: Any, device: Any) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        _drop_library_workspaces(torch)
         torch.cuda.empty_cache()
+
+
+def _drop_library_workspaces(torch: Any) -> None:
+    """cuBLAS keeps a workspace per handle and stream (32 MiB on Hopper; the autograd engine's
+    thread has a handle of its own) in the caching allocator, made at its first use and kept for
+    the process. Made in a step, one can land in a large block the step had freed and pin that
+    segment for good: on the H200 the GPT-style model's probes left 290 MiB, one workspace in a
+    256 MiB segment (the first probe's logits in fp32), the other in its own, and 2 MiB. Dropped,
+    the next run makes its own, as a fresh process does."""
+    clear = getattr(getattr(torch, "_C", None), "_cuda_clearCublasWorkspaces", None)
+    if callable(clear):
+        clear()
+
+
+def _allocator_limit(torch: Any, device: Any) -> int | None:
+    """What the caching allocator itself lets this process hold: the GPU's memory times the
+    per-process fraction where one under 1 is set; None where none is (the GPU bounds it)."""
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if not callable(getter):
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fraction = float(getter(index))
+    if fraction >= 1.0:
+        return None
+    return int(fraction * int(torch.cuda.get_device_properties(index).total_memory))
 
 
 def _settled_allocated(torch: Any, device: Any) -> int:

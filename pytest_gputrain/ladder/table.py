@@ -70,8 +70,12 @@ def summary_lines(results: LadderResults) -> list[str]:
         inside = [peak for peak in item.optimizer_peaks if peak is not None]
         update = f", optimizer step up to {format_bytes(max(inside))}" if inside else ""
         note = f"{'; ' if item.verified else ': '}{item.note}" if item.note else ""
-        verdict = (f"verified: peak {format_bytes(item.verified_peak)}{note}" if item.verified
-                   else f"NOT verified{note}")
+        pinned = (f" ({format_bytes(item.verified_room)} of segments, fragmentation included)"
+                  if item.verified_room is not None else "")
+        verdict = (f"verified: peak {format_bytes(item.verified_peak)}{pinned}{note}"
+                   if item.verified else f"NOT verified{note}")
+        if item.replay_note:
+            verdict += f" (the allocator's waste not replayed: {item.replay_note})"
         lines.append(
             f"largest batch that fits ({item.precision}, budget {format_bytes(item.budget)}): "
             f"{item.predicted} — predicted from {len(item.probes)} probes [{probes}]{update}, "
