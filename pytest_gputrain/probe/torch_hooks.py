@@ -571,9 +571,13 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
-    # host_stacks, warning_readings, attention_readings, update_readings (the schedulers' step)
+    # host_stacks, warning_readings, attention_readings, recompute_readings, update_readings
+    # (the schedulers' step)
+    checkpoint = torch.utils.checkpoint
     owners += [(gc, "collect"), (warnings, "_showwarnmsg"),
-               (torch.nn.functional, "scaled_dot_product_attention")] + [
+               (torch.nn.functional, "scaled_dot_product_attention"),
+               (checkpoint.CheckpointFunction, "forward"),
+               (checkpoint, "_checkpoint_without_reentrant_generator")] + [
         (owner, "step") for owner in vars(torch.optim.lr_scheduler).values()
         if isinstance(owner, type) and "step" in vars(owner)]
     counts["patched_attributes"] = sum(
