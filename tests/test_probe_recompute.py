@@ -100,9 +100,13 @@ def test_a_reentrant_checkpoint_counts_its_forward_once() -> None:
             x = checkpoint(block, x, use_reentrant=True)
         return x
 
-    facts = _probed(_loop(reentrant)).recompute
+    run_facts = _probed(_loop(reentrant))
+    facts = run_facts.recompute
     assert facts.calls == facts.reentrant_calls == facts.recomputes == (BLOCKS - 1) * STEPS
     assert facts.recomputes_per_step == BLOCKS - 1 and facts.timed_steps == 4
+    # each segment's backward is started inside the step's: neither a backward nor a loss
+    assert run_facts.backwards == run_facts.loss.backwards == STEPS
+    assert run_facts.loss.first_value is not None and run_facts.loss.first_value > 0
 
 
 @pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")

@@ -8,6 +8,7 @@ Eight 4096-wide blocks at a batch of 8192, the last seven through ``torch.utils.
   ``torch.cuda.set_sync_debug_mode("error")``, which raises on any synchronising call;
 - the activations the recomputed blocks of one backward allocate are read from the allocator
   (each block's recomputed output, 128 MiB, at least), for ``use_reentrant`` True and False;
+  the backward reentrant checkpointing starts for each segment is no backward of a step;
 - with the whole GPU to spare GT158 is a warning (the recomputation is about a fifth of an fp32
   step); under a memory fraction of 1.6 times the peak the estimate with checkpointing off is
   above half the budget and GT158 stays quiet; without checkpointing nothing is counted.
@@ -92,6 +93,7 @@ def test_checkpointing_on_the_gpu(tmp_path: Path) -> None:
         recompute = run["recompute"]
         assert recompute["calls"] == recompute["recomputes"] == segments, (name, recompute)
         assert recompute["reentrant_calls"] == reentrant
+        assert run["backwards"] == run["loss"]["backwards"] == STEPS  # a segment's is no step's
         assert recompute["recomputes_per_step"] == CHECKPOINTED
         assert recompute["segments"] == ["Sequential"]
         assert recompute["site"].startswith("`h = layer(h) if mode == ") and (
