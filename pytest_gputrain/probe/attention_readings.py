@@ -15,11 +15,10 @@ Built into ``run.attention.*`` by ``attention_facts_builder.py``.
 
 from __future__ import annotations
 
-import linecache
-import os
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
+from pytest_gputrain.probe.host_stacks import call_line
 from pytest_gputrain.probe.run_record import AttentionReadings
 from pytest_gputrain.probe.torch_hooks import is_tracing
 from pytest_gputrain.probe.wrapping import probe_wrapper
@@ -75,7 +74,7 @@ class AttentionWatch:
         length, keys = int(query.shape[-2]), int(key.shape[-2])
         readings.max_query_len = max(readings.max_query_len, length)
         if readings.site is None:
-            readings.site = _caller(sys._getframe(2))
+            readings.site = call_line(sys._getframe(2))
             readings.mask_dtype = str(mask.dtype).removeprefix("torch.")
         if len(readings.checks) < MAX_CHECKS and length > 1 and not (
                 mask.is_cuda and self._capturing()):  # queue nothing into a CUDA graph
@@ -107,13 +106,3 @@ class AttentionWatch:
             readings.causal = int(slots[:len(readings.checks)].sum().item())
         except Exception as exc:
             readings.unread = f"reading the mask checks: {type(exc).__name__}: {exc}"
-
-
-def _caller(frame: Any) -> str:
-    """`the line` at file:line of the frame that called the attention."""
-    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    code = text.partition("  #")[0].strip()
-    if len(code) > 72:
-        code = code[:69] + "..."
-    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    return f"`{code}` at {where}" if code else where

@@ -32,6 +32,7 @@ from pytest_gputrain.probe.failure_facts import FailureFacts
 from pytest_gputrain.probe.habit_facts import CompileFacts, DdpFacts, OptimizerFacts
 from pytest_gputrain.probe.host_facts import HostFacts
 from pytest_gputrain.probe.loop_facts import AmpFacts, CheckpointFacts, GradFacts, LossFacts
+from pytest_gputrain.probe.recompute_facts import RecomputeFacts
 from pytest_gputrain.probe.timeline_facts import TimelineFacts
 from pytest_gputrain.probe.update_facts import UpdateFacts
 from pytest_gputrain.probe.warning_facts import WarningFacts
@@ -549,6 +550,7 @@ class RunFacts(FactGroup):
     warnings: WarningFacts = Field(default_factory=WarningFacts)
     updates: UpdateFacts = Field(default_factory=UpdateFacts)
     attention: AttentionFacts = Field(default_factory=AttentionFacts)
+    recompute: RecomputeFacts = Field(default_factory=RecomputeFacts)
     evaluation: EvaluationFacts = Field(default_factory=EvaluationFacts)
     probe_errors: list[str] = Field(default_factory=list,
                                     description="probe problems (the test was not affected)")

@@ -124,6 +124,17 @@ def library_roots() -> tuple[str, ...]:
     return tuple(sorted(os.path.join(os.path.realpath(root), "") for root in roots if root))
 
 
+def call_line(frame: FrameType) -> str:
+    """A frame's line as the facts name a call site: `the source` at file:line (the source cut
+    to SOURCE_CHARS, a trailing comment dropped)."""
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    code = text.partition("  #")[0].strip()
+    if len(code) > SOURCE_CHARS:
+        code = code[:SOURCE_CHARS - 3] + "..."
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return f"`{code}` at {where}" if code else where
+
+
 class SiteFinder:
     """Tells a frame of the test's or a framework's code (a call site) from a folded one."""
 

@@ -20,6 +20,8 @@ module and each writing its groups of the ``RunRecord``:
   the weights an optimizer step left unchanged;
 - ``attention_readings.AttentionWatch``: the ``scaled_dot_product_attention`` calls, and whether
   their masks were just the causal pattern;
+- ``recompute_readings.RecomputeWatch``: activation checkpointing's segments and their
+  recomputation in the backward, timed at a few steps with the activations it rebuilds;
 - ``evaluation_readings.EvaluationWatch``: a framework's evaluation runs while it trains, timed,
   and the setting that schedules them.
 
@@ -75,6 +77,7 @@ from pytest_gputrain.probe.module_readings import (
 from pytest_gputrain.probe.nvml_timeline import NvmlTimelineReader
 from pytest_gputrain.probe.optimizer_readings import largest_lr, optimizer_setup
 from pytest_gputrain.probe.profiler_window import WindowSteering
+from pytest_gputrain.probe.recompute_readings import RecomputeWatch
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepFlag, StepSeries
 from pytest_gputrain.probe.torch_hooks import Installation, is_compiling
 from pytest_gputrain.probe.update_readings import UpdateWatch
@@ -110,10 +113,9 @@ class RunProbe:
         self.window = WindowSteering(torch, self.record, profile_steps)
         self.nvml = NvmlTimelineReader(self.record)
         self.compile = CompileWatch(self, self.install)
-        self.calls = CallReadings(torch, self)
-        self.loss = LossWatch(torch, self)
+        self.calls, self.loss = CallReadings(torch, self), LossWatch(torch, self)
         self.host, self.warnings = HostWatch(self.record), WarningWatch(self.record)
-        self.updates = UpdateWatch(torch, self)
+        self.updates, self.recompute = UpdateWatch(torch, self), RecomputeWatch(torch, self)
         self.attention, self.evaluation = AttentionWatch(torch, self), EvaluationWatch(self)
         # The hook callbacks the readers answer (ProbeCallbacks), as the probe's own.
         self.on_global_forward = self.modules.on_global_forward
@@ -138,8 +140,7 @@ class RunProbe:
         # Steps after which a one-off reading is taken: dynamo's counters once the warm-up is
         # over, the allocator's cudaMalloc/cudaFree counters once the profiler window is too.
         self.record.cache.mark_step = max(warmup, self.window.last_step) + 1
-        self._milestones = sorted(step for step in {warmup, self.record.cache.mark_step}
-                                  if step >= 1)
+        self._milestones = sorted(s for s in {warmup, self.record.cache.mark_step} if s >= 1)
         self._next_milestone = self._milestones[0]
 
     @property
@@ -185,7 +186,8 @@ class RunProbe:
         self.compile.read_start()
         try:
             self.install.install()
-            for reader in (self.host, self.warnings, self.updates, self.attention, self.evaluation):
+            for reader in (self.host, self.warnings, self.updates, self.attention, self.evaluation,
+                           self.recompute):
                 reader.start(self.install.patches)
         except Exception as exc:
             self.fail("installing the probe", exc)
@@ -217,6 +219,7 @@ class RunProbe:
         self.loss.read_end(cuda_ok)
         self.updates.stop(cuda_ok)  # reads the main optimizer's learning rate at the end
         self.attention.stop(cuda_ok)
+        self.recompute.stop(cuda_ok)
         read_last_ddp_logging(record)
         self.nvml.stop()
         index = record.devices.cuda_index

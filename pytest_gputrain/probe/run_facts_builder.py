@@ -47,6 +47,7 @@ from pytest_gputrain.probe.habit_facts_builder import (
 from pytest_gputrain.probe.host_facts_builder import host_facts
 from pytest_gputrain.probe.loader import LoaderState, LoaderTracker
 from pytest_gputrain.probe.memory_facts_builder import memory_facts
+from pytest_gputrain.probe.recompute_facts import recompute_facts
 from pytest_gputrain.probe.run_record import (
     Forwards,
     ModuleState,
@@ -146,6 +147,8 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.warnings = warning_facts(record)
     run.updates = update_facts(record)
     run.attention = attention_facts(record.attention)
+    run.recompute = recompute_facts(record.recompute, record.steps, run.memory.peak_memory,
+                                    run.memory.budget)
     run.evaluation = evaluation_facts(record.evaluation, len(record.steps.times),
                                       record.duration)
     run.nvml = _nvml_facts(record)

@@ -20,6 +20,7 @@ from pytest_gputrain.facts import DeviceSample
 from pytest_gputrain.probe.frameworks import package_framework
 from pytest_gputrain.probe.layer_scan import LayerScan
 from pytest_gputrain.probe.loader import LoaderTracker
+from pytest_gputrain.probe.recompute_record import RecomputeReadings
 
 ALLOCATED_CAPACITY = 64  # allocator readings kept per test (see StepSeries.allocated)
 MAX_SHAPES_SEEN = 64  # distinct input shapes counted per module
@@ -572,6 +573,7 @@ class RunRecord:
     updates: UpdateReadings = field(default_factory=UpdateReadings)  # update_readings.py
     grads: GradientReadings = field(default_factory=GradientReadings)
     attention: AttentionReadings = field(default_factory=AttentionReadings)
+    recompute: RecomputeReadings = field(default_factory=RecomputeReadings)
     evaluation: EvaluationReadings = field(default_factory=EvaluationReadings)
     started: float = 0.0  # probe clock when the test's call began (the timeline's 0)
     duration: float | None = None

@@ -9,8 +9,8 @@ What is installed (and only while a diagnosed test's call phase runs):
   PyTorch's hook-free fast path; a forward hook on that top-level module (with its keyword
   arguments, called also when the forward raises) re-arms it. A leaf module without parameters
   (a loss, an activation) gets no hook of its own: the global hook stays armed through it;
-- wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting); the
-  former also hands the tensor the backward starts from (the loss) to the probe
+- wrappers of ``torch.autograd.backward`` / ``torch.autograd.grad`` (backward counting, one
+  started inside another passed over); the former also hands the loss it starts from to the probe
   (``loss_readings.py``: its device, and at every few backwards a finiteness check queued on
   the GPU, never a sync);
 - wrappers of ``torch.cuda.reset_peak_memory_stats`` (the probe keeps the test's peaks so far
@@ -156,13 +156,20 @@ def is_tracing(torch: Any) -> Callable[[], bool]:
     return lambda: compiling() or context() is not None
 
 
+def inside_backward(torch: Any) -> Callable[[], bool]:
+    """True while an autograd node runs (reentrant checkpointing's backward per segment)."""
+    current = getattr(getattr(torch, "_C", None), "_current_autograd_node", None)
+    return (lambda: current() is not None) if callable(current) else (lambda: False)
 
-def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks,
-                  loss: bool = False) -> Callable[..., Any]:
-    """Tell the probe of each backward; with ``loss``, also of the tensors it starts from
-    (``torch.autograd.backward(tensors, ...)``; not ``grad``, whose outputs may be anything),
-    after ``on_backward_start``: the loss is read only for a backward that one counted."""
+
+def wrap_backward(original: Callable[..., Any], probe: ProbeCallbacks, loss: bool = False,
+                  nested: Callable[[], bool] = lambda: False) -> Callable[..., Any]:
+    """Tell the probe of each backward not started inside another (``nested``); with ``loss``,
+    also of the tensors it starts from (``torch.autograd.backward(tensors, ...)``; not ``grad``,
+    whose outputs may be anything), after ``on_backward_start`` counted it."""
     def backward(*args: Any, **kwargs: Any) -> Any:
+        if nested():
+            return original(*args, **kwargs)
         probe.on_backward_start()
         if loss:
             probe.on_loss(args[0] if args else kwargs.get("tensors"))
@@ -388,9 +395,10 @@ class Installation:
         self.armed = True
         self.handles.append(handle)
         autograd = torch.autograd
+        nested = inside_backward(torch)
         self.patches.set(autograd, "backward",
-                         wrap_backward(autograd.backward, self.probe, loss=True))
-        self.patches.set(autograd, "grad", wrap_backward(autograd.grad, self.probe))
+                         wrap_backward(autograd.backward, self.probe, True, nested))
+        self.patches.set(autograd, "grad", wrap_backward(autograd.grad, self.probe, False, nested))
         for owner, name, wrapper in sync_wrappers(torch, self.probe.record.syncs):
             self.patches.set(owner, name, wrapper)
             self._sync_patches.append((owner, name))
@@ -571,9 +579,12 @@ def global_hook_counts(torch: Any) -> dict[str, int]:
     optimized = getattr(sys.modules.get("torch._dynamo.eval_frame"), "OptimizedModule", None)
     if optimized is not None:
         owners.append((optimized, "__call__"))
-    # host_stacks, warning_readings, attention_readings, update_readings (the schedulers' step)
+    # host_stacks, warning/attention/recompute/update_readings (the schedulers' step)
+    checkpoint = torch.utils.checkpoint
     owners += [(gc, "collect"), (warnings, "_showwarnmsg"),
-               (torch.nn.functional, "scaled_dot_product_attention")] + [
+               (torch.nn.functional, "scaled_dot_product_attention"),
+               (checkpoint.CheckpointFunction, "forward"),
+               (checkpoint, "_checkpoint_without_reentrant_generator")] + [
         (owner, "step") for owner in vars(torch.optim.lr_scheduler).values()
         if isinstance(owner, type) and "step" in vars(owner)]
     counts["patched_attributes"] = sum(

@@ -33,7 +33,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_gputrain.probe.frameworks import PACKAGES
-from pytest_gputrain.probe.host_stacks import SiteFinder
+from pytest_gputrain.probe.host_stacks import SiteFinder, call_line
 from pytest_gputrain.probe.run_record import RaisedWarning, RunRecord
 from pytest_gputrain.probe.wrapping import probe_wrapper
 
@@ -143,7 +143,7 @@ class WarningWatch:
         finder = self._finder or SiteFinder()
         self._finder = finder
         found = finder.site(frame)
-        caller = _line(found[0]) if found is not None else None
+        caller = call_line(found[0]) if found is not None else None
         if top in ORIGINS:
             return top, caller
         if found is not None and found[0] is frame and category_name == "UserWarning" and (
@@ -163,17 +163,6 @@ def _warns_itself(frame: FrameType) -> bool:
     import linecache
 
     return "warn(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-
-
-def _line(frame: FrameType) -> str:
-    import linecache
-
-    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    code = text.partition("  #")[0].strip()
-    if len(code) > 72:
-        code = code[:69] + "..."
-    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    return f"`{code}` at {where}" if code else where
 
 
 def _short(filename: str) -> str:
