@@ -262,8 +262,7 @@ class RunProbe:
 
     def on_optimizer_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.record.optimizer.step_started = _perf()
-        if len(self.record.steps.times) == self.updates.due:  # a few steps only
-            self.updates.before_step(optimizer)
+        self.updates.at_pre_step(len(self.record.steps.times), optimizer)
 
     def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled or self._compiling():
@@ -335,6 +334,8 @@ class RunProbe:
         ``settings_timeline.EVERY`` steps like the settings a test may change inside itself."""
         record = self.record
         steps = record.steps
+        if count - 1 == self.updates.due:  # before the memory reading: its copies are freed
+            self.updates.after_step(record.optimizers.primary)
         read_memory = self._read_memory
         if read_memory is not None and steps.allocated_due(count - 1):
             steps.add_allocated(*read_memory())
@@ -345,8 +346,6 @@ class RunProbe:
             self._read_settings(count)  # the first steps, the window, every EVERY-th
         if count == self._next_milestone:
             self._milestone(count)
-        if count - 1 == self.updates.due:
-            self.updates.after_step(record.optimizers.primary)
 
     def _read_settings(self, step: int) -> None:
         """Snapshot the settings a test may change inside itself (``settings.py``)."""

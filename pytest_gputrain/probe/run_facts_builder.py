@@ -148,7 +148,7 @@ def build_run_facts(record: RunRecord, process: ProcessReadings) -> RunFacts:
     run.updates = update_facts(record)
     run.attention = attention_facts(record.attention)
     run.recompute = recompute_facts(record.recompute, record.steps, run.memory.peak_memory,
-                                    run.memory.budget)
+                                    run.memory.budget, record.warmup)
     run.evaluation = evaluation_facts(record.evaluation, len(record.steps.times),
                                       record.duration)
     run.nvml = _nvml_facts(record)

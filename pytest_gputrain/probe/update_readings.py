@@ -112,6 +112,30 @@ class UpdateWatch:
 
     # -- the unchanged-weight checks (at a few steps) ----------------------------------------
 
+    def at_pre_step(self, done: int, optimizer: Any) -> None:
+        """The optimizer's pre-step hook, ``done`` steps so far: a check's copies at a check
+        step; the checks' counts allocated at a warm-up step."""
+        if done == self.due:
+            self.before_step(optimizer)
+        elif done == 1:
+            self.prepare(optimizer)
+
+    def prepare(self, optimizer: Any) -> None:
+        """Allocate the checks' counts on the main optimizer's device at a warm-up step: made
+        at the first check, they would be a rise of the allocated bytes that the memory facts
+        (GT108) see."""
+        if optimizer is not self.record.optimizers.primary or self.probe.disabled:
+            return
+        try:
+            param = next((p for group in optimizer.param_groups for p in group.get("params", ())
+                          if p.is_floating_point()), None)
+            if param is None or (param.is_cuda and self._capturing()):
+                return
+            self._counts = self.torch.zeros(2 * MAX_CHECKS, dtype=self.torch.int64,
+                                            device=param.device)
+        except Exception as exc:
+            self.probe.fail("optimizer check preparation", exc)
+
     def before_step(self, optimizer: Any) -> None:
         """Copy a slice of each parameter that has a gradient (the pre-step hook, at a check)."""
         if optimizer is not self.record.optimizers.primary or self.probe.disabled:
