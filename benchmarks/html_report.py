@@ -17,8 +17,9 @@ open). Measured in Chromium (the distribution's, through Playwright, as the brow
   moment Playwright saw the page ready (its polling and round trips included), the time
   the page's main thread was busy (DevTools' TaskDuration) and the CPU time Chromium's
   processes used (on a machine shared with other jobs the wall time includes theirs);
-- with ``--profile``: where the main thread's time went while the page opened (one more load,
-  traced: parsing, style, layout, paint, script, by DevTools' trace events);
+- with ``--profile``: where the main thread's CPU time went while the page opened (``--repeat``
+  more loads, traced: parsing, style, layout, paint, script, by DevTools' trace events; the
+  median of each);
 - scrolling with everything open: "Expand all", then the page scrolled a screen at a time,
   every 50 ms, ``--screens`` screens, while the timelines draw; the longest task (Long Tasks
   API) and how many took over 200 ms;
@@ -152,9 +153,11 @@ def phase(name: str) -> str:
 
 
 def main_thread_profile(trace: dict[str, object]) -> dict[str, float]:
-    """Self time (ms) of the renderer's main thread by phase, from a Chromium trace, up to the
-    moment the page was interactive (the user timing mark INTERACTIVE sets); "other" is the
-    scheduler's own time and work the trace does not name."""
+    """The CPU time (ms, self: an event less the events inside it) of the renderer's main
+    thread by phase, from a Chromium trace, up to the moment the page was interactive (the
+    user timing mark INTERACTIVE sets); "other" is the scheduler's own time and work the
+    trace does not name. CPU time, not wall time: on a machine shared with other jobs, the
+    time the thread waited for a core is not the page's."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     assert isinstance(events, list)
     parsing: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -164,17 +167,18 @@ def main_thread_profile(trace: dict[str, object]) -> dict[str, float]:
     main = parsing.most_common(1)[0][0]  # the page's renderer: the one that parsed it
     end = min((e["ts"] for e in events if e.get("name") == "interactive"
                and e.get("cat") == "blink.user_timing"), default=float("inf"))
-    spans = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
-                    if (e.get("pid"), e.get("tid")) == main and e.get("ph") == "X"
-                    and e["ts"] < end), key=lambda span: (span[0], -span[1]))
+    spans = sorted(((e["ts"], e["ts"] + e.get("dur", 0), e["name"], e.get("tdur", 0))
+                    for e in events if (e.get("pid"), e.get("tid")) == main
+                    and e.get("ph") == "X" and e["ts"] < end),
+                   key=lambda span: (span[0], -span[1]))
     phases: collections.Counter[str] = collections.Counter()
     stack: list[tuple[int, int, str]] = []
-    for start, stop, name in spans:  # self time: a span less the spans inside it
+    for start, stop, name, cpu in spans:  # self time: a span less the spans inside it
         while stack and stack[-1][1] <= start:
             stack.pop()
-        phases[phase(name)] += stop - start
+        phases[phase(name)] += cpu
         if stack:
-            phases[phase(stack[-1][2])] -= stop - start
+            phases[phase(stack[-1][2])] -= cpu
         stack.append((start, stop, name))
     return {name: value / 1000 for name, value in phases.items()}
 
@@ -249,18 +253,23 @@ def main() -> None:
               f"{statistics.median(busy):.2f} s, Chromium's processes "
               f"{statistics.median(used):.2f} s of CPU")
         if args.profile:
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
-            page.add_init_script(INTERACTIVE)
-            trace = folder / "trace.json"
-            browser.start_tracing(page=page, path=str(trace), categories=[
-                "devtools.timeline", "blink.user_timing", "loading", "v8", "v8.execute"])
-            page.goto(path.as_uri())
-            page.wait_for_function("() => window.__interactive")
-            browser.stop_tracing()
-            page.close()
-            phases = main_thread_profile(json.loads(trace.read_text(encoding="utf-8")))
-            print(f"main thread until interactive (traced, {sum(phases.values()):.0f} ms): " +
-                  ", ".join(f"{name} {ms:.0f} ms" for name, ms in sorted(
+            profiles = []
+            for _ in range(args.repeat):
+                page = browser.new_page(viewport={"width": 1440, "height": 900})
+                page.add_init_script(INTERACTIVE)
+                trace = folder / "trace.json"
+                browser.start_tracing(page=page, path=str(trace), categories=[
+                    "devtools.timeline", "blink.user_timing", "loading", "v8", "v8.execute"])
+                page.goto(path.as_uri())
+                page.wait_for_function("() => window.__interactive")
+                browser.stop_tracing()
+                page.close()
+                profiles.append(main_thread_profile(json.loads(trace.read_text("utf-8"))))
+            phases = {name: statistics.median(p.get(name, 0.0) for p in profiles)
+                      for name in {name for p in profiles for name in p}}
+            total = statistics.median(sum(p.values()) for p in profiles)
+            print(f"the main thread's CPU until interactive {total:.0f} ms (traced, median of "
+                  f"{args.repeat}): " + ", ".join(f"{name} {ms:.0f}" for name, ms in sorted(
                       phases.items(), key=lambda item: -item[1])))
 
         page = browser.new_page(viewport={"width": 1440, "height": 900})
