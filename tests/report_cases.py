@@ -10,7 +10,9 @@ samples and out-of-memory moments of that kind of run.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,16 @@ from pytest_gputrain.report.model import Report, build_report
 
 GiB = 2**30
 NODE = "tests/test_train.py::test_train_resnet_bf16"
+DATA_BLOCK = re.compile(r'<script type="application/json" id="([^"]+)">(.*?)</script>', re.S)
+
+
+def page_data(page: str) -> dict[str, Any]:
+    """What a written page's script draws: the page's own block (``gputrain-data``: the
+    ladders and benchmarks) with each test's block under ``tests``, by anchor."""
+    blocks = {name: json.loads(text) for name, text in DATA_BLOCK.findall(page)}
+    data: dict[str, Any] = blocks.pop("gputrain-data")
+    data["tests"] = {name.removeprefix("data-"): value for name, value in blocks.items()}
+    return data
 
 @dataclass
 class Case:

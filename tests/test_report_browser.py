@@ -174,6 +174,15 @@ def _draw(page: Opened, anchor: str) -> None:
                                 arg=anchor)
 
 
+def _scroll_to_chart(page: Opened, selector: str) -> None:
+    """Scroll a section's chart on screen, where it is drawn (not before: nothing at load)."""
+    assert page.page.locator(f"{selector}[data-series]").count() == 0 or page.page.evaluate(
+        "s => document.querySelector(s).getBoundingClientRect().top < innerHeight + 300",
+        selector)
+    page.page.locator(selector).first.scroll_into_view_if_needed()
+    page.page.wait_for_function("s => document.querySelector(s).dataset.series", arg=selector)
+
+
 def test_the_headline_is_red_when_a_test_failed(open_case: Any) -> None:
     page, _ = _suite(open_case)
     _loaded_cleanly(page)
@@ -199,6 +208,10 @@ def test_the_summary_table_sorts_and_filters(open_case: Any) -> None:
         return values
 
     assert column(2) == ["FAILED"] * 5 + ["PASSED"] * 9
+    # Laid out as a grid (a row off screen skips its layout), read as a table all the same.
+    read = page.page.locator("#summary-table").aria_snapshot()
+    assert read.startswith("- table:") and 'columnheader "loader wait"' in read
+    assert read.count('row "') == 15 and '- cell "FAILED"' in read
     assert column(3)[:5] == ["ERROR"] * 5 and column(3)[-1] in ("INFO", "NONE")
     # Sorted by the loader wait, with the keyboard: the heading takes focus, Enter sorts.
     header = page.page.locator("#summary-table th", has_text="loader wait")
@@ -212,6 +225,7 @@ def test_the_summary_table_sorts_and_filters(open_case: Any) -> None:
     # The filters apply to the summary too: only the failed tests' rows are left.
     page.page.uncheck('input[name="outcome"][value="passed"]')
     assert sorted(column(2)) == ["FAILED"] * 5
+    assert not page.page.locator("#summary-table tbody tr[hidden]").first.is_visible()
     page.page.select_option('select[name="code"]', "GT201")
     assert len(column(1)) == 3  # the three out-of-memory tests
     codes = page.page.eval_on_selector_all("tr.finding-row:not([hidden])",
@@ -301,6 +315,13 @@ def test_a_phone_gets_no_sideways_scroll_and_a_filter_bar_that_stays_out_of_the_
     assert page.page.locator("#filter-toggle").is_visible()
     assert not page.page.locator("#filter-body").is_visible()  # folded
     page.screenshot("h200_suite_phone_top")
+    # A filter hides its rows on a phone too, where each row is a card of its own display.
+    page.page.click("#filter-toggle")
+    page.page.uncheck('input[name="outcome"][value="passed"]')
+    cards = page.page.locator("#summary-table tbody tr")
+    assert [cards.nth(i).is_visible() for i in range(cards.count())] == [True] * 5 + [False] * 9
+    page.page.click('button[type="reset"]')
+    page.page.click("#filter-toggle")
     page.open_all()
     width = page.page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"]
@@ -381,6 +402,7 @@ def test_a_straggler_shows_as_one_lane_per_rank(open_case: Any) -> None:
 
 def test_the_benchmark_shows_each_side_s_sessions(open_case: Any) -> None:
     page, _ = open_case(report_cases.benchmark_comparison())
+    _scroll_to_chart(page, ".bench-points")  # drawn when on screen
     series = page.page.eval_on_selector_all(".bench-points", "c => c.map(e => +e.dataset.series)")
     assert series == [4]  # both sides' sessions and their means
     assert page.page.get_by_text("step_time: REGRESSION").is_visible()
@@ -391,6 +413,7 @@ def test_the_ladder_shows_its_rungs_and_its_memory_per_batch_fit(open_case: Any)
     rows = page.page.locator("#ladder .table-wrap tr").count()
     assert rows == 4  # the header and three rungs
     fit = page.page.locator(".ladder-fit")
+    _scroll_to_chart(page, ".ladder-fit")
     # the probes, the fitted line, the budget and the verified run
     assert fit.get_attribute("data-series") == "4"
     assert page.page.get_by_text("Largest batch that fits: 2591").is_visible()
@@ -460,7 +483,16 @@ def test_a_500_test_report_opens_quickly(browser: Any, tmp_path: Path) -> None:
         print(f"\n500-test report: {path.stat().st_size / 1e6:.2f} MB, opened in "
               f"{page.load_seconds:.2f} s")
         assert count == 500 and path.stat().st_size < MANY_MAX_BYTES  # no bound on the time
+        # Opening it drew nothing and ran no chart code (the first screen is the summary) ...
+        assert page.page.evaluate("typeof window.uPlot") == "undefined"
+        assert page.page.locator(".lane").count() == 0
         page.screenshot("many_tests", full_page=False)
+        # ... until an open test comes on screen: then its timeline, and only its own.
+        first = page.page.locator("details.test[open]").first
+        first.scroll_into_view_if_needed()
+        page.page.wait_for_function("id => document.getElementById(id).dataset.lanesDrawn",
+                                    arg=first.get_attribute("id"))
+        assert page.page.locator("details.test[open][data-drawn]").count() < 20
     finally:
         page.close()
 

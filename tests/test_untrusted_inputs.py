@@ -218,9 +218,9 @@ def test_the_html_report_writes_out_bidirectional_and_invisible_marks(
         assert character not in out
     assert "test_\\u202eevil" in text  # written out, as the terminal writes it
     # The page's data (which its scripts draw) too: written out, not as the characters.
-    start = text.index('id="gputrain-data">') + len('id="gputrain-data">')
-    data = json.dumps(json.loads(text[start:text.index("</script>", start)]),
-                      ensure_ascii=False)
+    from report_cases import page_data
+
+    data = json.dumps(page_data(text), ensure_ascii=False)  # the page's block and each test's
     for character in UNSEEN + INVISIBLE:
         assert character not in data
 

@@ -122,6 +122,16 @@ class TestView:
             any(f.costly for f in self.findings)
 
     @property
+    def data(self) -> dict[str, Any] | None:
+        """What the page's script draws for this test (its timelines and its findings'
+        moments), or None: the page keeps it in a block of its own, parsed when the test is
+        first drawn, so that opening a page of hundreds of tests parses none of it."""
+        if not self.timelines:
+            return None
+        return {"timelines": self.timelines,
+                "moments": {f.id: f.moment for f in self.findings if f.moment}}
+
+    @property
     def order(self) -> tuple[Any, ...]:
         """The summary's first order: failed first, then by worst severity, then by id."""
         return (not self.failing, -SEVERITY_RANK.get(self.worst, -1),
@@ -186,12 +196,9 @@ class Page:
     regression: dict[str, dict[str, Any]] = field(default_factory=dict)  # by test, see below
 
     def data(self) -> dict[str, Any]:
-        """What the page's script draws: each test's timelines and its findings' moments, the
-        ladders' fits and the benchmark points, by anchor."""
+        """What the page's script draws besides the tests (``TestView.data``): the ladders'
+        fits and the benchmark points."""
         return {
-            "tests": {t.anchor: {"timelines": t.timelines,
-                                 "moments": {f.id: f.moment for f in t.findings if f.moment}}
-                      for t in self.tests if t.timelines},
             "ladders": [ladder["fit"] for ladder in self.ladders],
             "benchmarks": [c["points"] for c in (self.benchmarks or {}).get("comparisons", [])],
         }

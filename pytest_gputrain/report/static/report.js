@@ -3,15 +3,17 @@
  *
  * The page is complete without this script (every verdict, finding and figure is in the HTML);
  * the script sorts and filters it and draws each test's timeline when the test is open and on
- * screen, one test per task, so that a report of hundreds of tests opens at once and scrolls
- * without long tasks. A timeline is a stack of lanes on one time axis: zoom and pan move them
+ * screen, a lane per task, so that a report of hundreds of tests opens at once and scrolls
+ * without long tasks. Opening the page does no more than it must: a test's data is parsed, and
+ * uPlot itself run, when the first chart that needs them is drawn; only open tests are watched
+ * for coming on screen. A timeline is a stack of lanes on one time axis: zoom and pan move them
  * together, the cursor shows the value of every lane at one moment (a tap does the same on a
  * touch screen). Drawn lanes carry what they drew in data attributes (data-lane, data-range,
  * data-lines, data-failure, data-moments...), which the browser tests read. */
 (function () {
   "use strict";
 
-  var DATA = JSON.parse(document.getElementById("gputrain-data").textContent);
+  var DATA = JSON.parse(document.getElementById("gputrain-data").textContent);  // ladders, benchmarks
   var AXIS = 64;  // the width of every lane's y axis, so that the time axes line up
   var LANE_HEIGHT = {util: 84, memory: 128, clock: 64, power: 64, temperature: 64, steps: 136};
   var X_AXIS = 38;  // the bottom lane's time axis
@@ -19,6 +21,36 @@
   var drawn = [];
   var stacks = {};
   window.gputrain = {charts: drawn, stacks: stacks, ready: false, drawQueue: 0};
+
+  // uPlot, run when the first chart is drawn: its source is a text block of the page (run at
+  // load, it would be tens of milliseconds of script, and Intl's set-up, before the first
+  // input could be handled, for a page whose first screen has no chart).
+  function charts() {
+    if (!window.uPlot) {
+      var script = document.createElement("script");
+      script.textContent = document.getElementById("uplot-source").textContent;
+      document.head.appendChild(script);  // an inline script runs as it is inserted
+    }
+    return window.uPlot;
+  }
+
+  function newPlot(options, data, element) {
+    var UPlot = charts();
+    return new UPlot(options, data, element);
+  }
+
+  // A test's timelines and moments (its own JSON block), parsed when the test is first drawn.
+  var testData = {};
+  function dataOf(id) {
+    if (!(id in testData)) {
+      var block = document.getElementById("data-" + id);
+      testData[id] = block ? JSON.parse(block.textContent) : null;
+    }
+    return testData[id];
+  }
+  function hasData(id) {
+    return id in testData ? !!testData[id] : !!document.getElementById("data-" + id);
+  }
 
   function css(name) {
     return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#000";
@@ -243,7 +275,7 @@
     var tables = lane.tables.map(function (t) {
       return [t.x].concat(t.series.map(function (s) { return s.values; }));
     });
-    var data = tables.length === 1 ? tables[0] : uPlot.join(tables);
+    var data = tables.length === 1 ? tables[0] : charts().join(tables);
     var colours = STYLE[lane.id] || ["--s1", "--s2", "--s3", "--s4"];
     var series = [{}];
     var keys = [];
@@ -269,7 +301,7 @@
       keys.push({label: band.label, colour: css("--band"), kind: "box"});
     });
     element._value = this.head(element, lane, keys);
-    var plot = new uPlot(this.options(element, lane, bottom, series, LANE_HEIGHT[lane.id] || 80),
+    var plot = newPlot(this.options(element, lane, bottom, series, LANE_HEIGHT[lane.id] || 80),
                          data, element);
     plot._lane = lane;
     this.describe(element, lane, series.length - 1);
@@ -289,7 +321,7 @@
     element._value = this.head(element, lane, keys);
     var series = [{}, {label: "step time", stroke: "transparent", paths: function () { return null; },
                        points: {show: false}}];
-    var plot = new uPlot(this.options(element, lane, bottom, series, LANE_HEIGHT.steps),
+    var plot = newPlot(this.options(element, lane, bottom, series, LANE_HEIGHT.steps),
                          [lane.x, totals], element);
     plot._lane = lane;
     plot._totals = totals;
@@ -561,7 +593,7 @@
       data.push(ys);
       var words = "rank " + lane.rank + (lane.rank === timeline.straggler ? " (straggler)" : "") +
                   (timeline.stuck.indexOf(lane.rank) >= 0 ? " (stuck)" : "");
-      series.push({label: words, scale: "rank", stroke: PALETTE[i % PALETTE.length],
+      series.push({label: words, scale: "rank", stroke: palette(i),
                    paths: function () { return null; }, points: {show: false},
                    value: (function (l) {
                      return function () { return (l.steps == null ? "?" : l.steps) + " steps"; };
@@ -571,7 +603,7 @@
       var ctx = u.ctx;
       ctx.save();
       lanes.forEach(function (lane, i) {
-        var colour = PALETTE[i % PALETTE.length];
+        var colour = palette(i);
         var top = u.valToPos(i + 0.3, "rank", true), bottom = u.valToPos(i - 0.3, "rank", true);
         for (var k = 1; k < lane.ends.length; k++) {
           var start = xpos(u, lane.ends[k - 1]), end = xpos(u, lane.ends[k]);
@@ -593,7 +625,7 @@
         return n + l.ends.length; }, 0));
       element.dataset.failureMarker = "0";
     }
-    var plot = new uPlot({
+    var plot = newPlot({
       width: width(element), height: 110 + 44 * lanes.length, series: series,
       scales: {x: {time: false, range: [0, Math.max(timeline.end, 1e-3)]},
                rank: {range: [-0.6, lanes.length - 0.4]}},
@@ -614,17 +646,17 @@
   // -- the ladder's memory per batch, and the benchmarks' session points ---------------------
 
   function pointsChart(element, tables, seriesSpecs, xLabel, yUnit, extra) {
-    var aligned = uPlot.join(tables);
+    var aligned = charts().join(tables);
     var series = [{label: xLabel}];
     seriesSpecs.forEach(function (s, i) {
-      var colour = PALETTE[i % PALETTE.length];
+      var colour = palette(i);
       series.push({label: s.label, stroke: colour, dash: s.dash,
                    width: s.line ? 1.5 : 0, spanGaps: true,
                    paths: s.line ? undefined : function () { return null; },
                    points: {show: !s.line, size: 8, fill: s.hollow ? "#fff" : colour},
                    value: function (u, v) { return fmt(v, yUnit); }});
     });
-    var plot = new uPlot({
+    var plot = newPlot({
       width: width(element), height: 220, series: series,
       scales: {x: {time: false}},
       axes: [{label: xLabel, stroke: css("--ink"), grid: {stroke: css("--grid")}},
@@ -691,9 +723,13 @@
   }
 
 
-  // -- drawing on demand, one test per task -----------------------------------------------
+  // -- drawing on demand, a lane per task ---------------------------------------------------
 
-  var PALETTE = ["--s1", "--s2", "--s3", "--s4"].map(css);
+  var PALETTE = null;  // read when first drawn: at load, reading a style would compute them all
+  function palette(i) {
+    PALETTE = PALETTE || ["--s1", "--s2", "--s3", "--s4"].map(css);
+    return PALETTE[i % PALETTE.length];
+  }
 
   var laneQueue = [];  // stacks whose lanes are drawn a lane per task
 
@@ -702,8 +738,9 @@
       if (!deferred && stacks[details.id]) stacks[details.id].finish();
       return;
     }
-    var entry = DATA.tests[details.id];
+    var entry = dataOf(details.id);
     details.dataset.drawn = "1";
+    if (observer) observer.unobserve(details);
     if (!entry) return;
     entry.timelines.forEach(function (timeline, t) {
       var box = details.querySelector('.timeline[data-index="' + t + '"]');
@@ -774,29 +811,48 @@
     if (!pumping) { pumping = true; setTimeout(pump, 0); }
   }
 
+  // The ladders' and benchmarks' charts, drawn once each when on screen too.
+  var sectionCharts = Array.from(document.querySelectorAll(".ladder-fit, .bench-points"));
+  function drawSectionChart(element) {
+    if (element.dataset.drawn) return;
+    element.dataset.drawn = "1";
+    drawn.push(element.classList.contains("ladder-fit") ?
+      ladderChart(element, DATA.ladders[+element.dataset.ladder][+element.dataset.fit]) :
+      benchmarkChart(element, DATA.benchmarks[+element.dataset.index]));
+  }
+
+  // Only open tests (and the section charts) are watched: a closed test has nothing to draw,
+  // and watching hundreds of them would cost every frame of a scroll.
   var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
     entries.forEach(function (entry) {
-      if (entry.isIntersecting && entry.target.open) later(entry.target);
+      if (!entry.isIntersecting) return;
+      var target = entry.target;
+      if (target.tagName !== "DETAILS") {
+        observer.unobserve(target);
+        drawSectionChart(target);
+      } else if (target.open) {
+        later(target);
+      }
     });
   }, {rootMargin: "300px"}) : null;
 
   var allTests = Array.from(document.querySelectorAll("details.test"));
-  allTests.forEach(function (details) {
-    if (!DATA.tests[details.id]) return;
-    if (observer) observer.observe(details); else if (details.open) later(details);
-    details.addEventListener("toggle", function () {
-      if (details.open && observer) {  // drawn when on screen: re-observe to hear it now
-        observer.unobserve(details);
-        observer.observe(details);
-      }
-    });
+  function watch(details) {
+    if (!hasData(details.id) || details.dataset.drawn) return;
+    if (observer) observer.observe(details); else later(details);
+  }
+  allTests.forEach(function (details) { if (details.open) watch(details); });
+  sectionCharts.forEach(function (element) {
+    if (observer) observer.observe(element); else drawSectionChart(element);
   });
-  document.querySelectorAll(".ladder-fit").forEach(function (element) {
-    drawn.push(ladderChart(element, DATA.ladders[+element.dataset.ladder][+element.dataset.fit]));
-  });
-  document.querySelectorAll(".bench-points").forEach(function (element) {
-    drawn.push(benchmarkChart(element, DATA.benchmarks[+element.dataset.index]));
-  });
+  // One listener for every test (toggle does not bubble, but is seen on its way down): an
+  // opened test is watched (observe() reports at once whether it is on screen), a closed one
+  // not, nor one drawn already.
+  document.addEventListener("toggle", function (event) {
+    var details = event.target;
+    if (!details.classList || !details.classList.contains("test")) return;
+    if (details.open) watch(details); else if (observer) observer.unobserve(details);
+  }, true);
 
   // -- a finding's moments: highlighted on its test's lanes ----------------------------------
 
@@ -839,6 +895,10 @@
     foldFilters(filterToggle.getAttribute("aria-expanded") === "true");
   });
 
+  function filtering() {  // false: every box checked and no code chosen, the page as written
+    return form.querySelectorAll("input:not(:checked)").length > 0 || !!form.elements.code.value;
+  }
+
   function checked(name) {
     return Array.from(form.querySelectorAll('input[name="' + name + '"]:checked'))
       .map(function (input) { return input.value; });
@@ -879,8 +939,8 @@
     var total = allTests.length;
     document.getElementById("shown-count").textContent =
       shown === total ? total + " tests" : shown + " of " + total + " tests shown";
-    var off = form.querySelectorAll("input:not(:checked)").length + (code ? 1 : 0);
-    document.getElementById("filter-state").textContent = off ? "(" + shown + " of " + total + " tests)" : "";
+    document.getElementById("filter-state").textContent =
+      filtering() ? "(" + shown + " of " + total + " tests)" : "";
   }
 
   form.addEventListener("change", applyFilters);
@@ -892,18 +952,24 @@
   document.getElementById("collapse-all").addEventListener("click", function () {
     allTests.forEach(function (details) { details.open = false; });
   });
-  applyFilters();
+  // The page is written with everything shown; a form the browser restored (back, reload)
+  // may say otherwise.
+  if (filtering()) applyFilters();
 
   // -- the filter bar's height: what a jumped-to test is scrolled below ---------------------
 
   var narrow = window.matchMedia("(max-width: 720px)");
   if (narrow.matches) foldFilters(true);  // a phone starts with the filters folded
 
+  // The root's scroll padding, not a variable every element inherits: changing it restyles the
+  // root alone. The observer reports after layout (and once at the start), so nothing here
+  // forces a layout while the page opens.
+  var padding = "";
   function barHeight() {
-    document.documentElement.style.setProperty("--bar-height", form.offsetHeight + "px");
+    var value = form.offsetHeight + 8 + "px";
+    if (value !== padding) document.documentElement.style.scrollPaddingTop = padding = value;
   }
-  if ("ResizeObserver" in window) new ResizeObserver(barHeight).observe(form);
-  barHeight();
+  if ("ResizeObserver" in window) new ResizeObserver(barHeight).observe(form); else barHeight();
 
   // -- permalinks: open the test a link names, below the filter bar --------------------------
 
@@ -946,11 +1012,12 @@
     allTests.forEach(function (details) {
       if (details.hidden || !details.open) return;
       if (stacks[details.id]) stacks[details.id].finish();
-      if (!details.dataset.drawn && DATA.tests[details.id]) {
+      if (!details.dataset.drawn && hasData(details.id)) {
         if (budget > 0) { drawTest(details); budget -= 1; }
         else details.querySelectorAll(".charts").forEach(function (c) { c.classList.add("chart-unprinted"); });
       }
     });
+    sectionCharts.forEach(drawSectionChart);
     Object.keys(stacks).forEach(function (id) { stacks[id].resize(PRINT_WIDTH); });
   }
   function afterPrint() {
@@ -959,8 +1026,9 @@
   window.addEventListener("beforeprint", beforePrint);
   window.addEventListener("afterprint", afterPrint);
   window.gputrain.beforePrint = beforePrint;
-  window.gputrain.drawOpen = function () {  // every open test now (screenshots, tests)
+  window.gputrain.drawOpen = function () {  // every open test and chart now (screenshots, tests)
     allTests.forEach(function (details) { if (details.open && !details.hidden) drawTest(details); });
+    sectionCharts.forEach(drawSectionChart);
   };
   window.gputrain.readyAt = performance.now();
   window.gputrain.ready = true;
