@@ -199,20 +199,15 @@ def test_the_heldout_table_loads() -> None:
 
 def test_the_recorded_after_run_keeps_its_score() -> None:
     """The held-out samples as the H200 ran them (tests/facts/h200_heldout/), judged by today's
-    rules: every fault that run named stays named, and every healthy neighbour stays quiet. The
-    one miss of the 2026-12-02 run (gradient checkpointing with memory to spare) was recorded
-    before the probe read activation checkpointing (``run.recompute.*``): GT158 has nothing to
-    judge in it. Once the sample is recorded with those readings, GT158 must name it."""
+    rules: all 10 faults named, all 4 healthy neighbours quiet. Thirteen were recorded at
+    commit f578340; the gradient checkpointing sample again on 2026-12-02 once the probe read
+    activation checkpointing (``run.recompute.*``), and GT158 names it."""
     scorer = _scorer()
     table = scorer.load_expected(scorer.HELDOUT / "EXPECTED.toml")
     verdicts = {v.sample: v for v in scorer.score(FACTS / "h200_heldout", table)}
     assert all(v.ran for v in verdicts.values()), [s for s, v in verdicts.items() if not v.ran]
-    checkpointing = "hf_trainer_gradient_checkpointing_unneeded"
-    recorded = json.loads((FACTS / "h200_heldout" / f"{checkpointing}.json").read_text())
-    read = recorded["runs"][0].get("recompute", {}).get("recomputes", 0) > 0
-    allowed = set() if read else {checkpointing}
     missed = {s for s, v in verdicts.items() if v.faulty and not v.named}
     loud = {s for s, v in verdicts.items() if not v.faulty and not v.quiet}
-    assert missed == allowed and not loud, (missed, loud)
-    assert scorer.totals(list(verdicts.values())) == (
-        f"named {10 - len(allowed)} of 10 faults; 4 of 4 healthy quiet")
+    assert not missed and not loud, (missed, loud)
+    assert verdicts["hf_trainer_gradient_checkpointing_unneeded"].named_by == ["GT158"]
+    assert scorer.totals(list(verdicts.values())) == "named 10 of 10 faults; 4 of 4 healthy quiet"
