@@ -1423,7 +1423,8 @@ def test_compare_command_errors(project: pytest.Pytester, monkeypatch: pytest.Mo
     # One session a side: it cannot tell, and passes.
     assert compare_main("base", "head", "--store", store) == 0
     warned = capsys.readouterr()
-    assert "gate passed with a warning: 2 ok, 2 cannot tell (cannot-tell policy: warn)" in warned.out
+    assert ("gate passed with a warning: 2 ok, 2 cannot tell (cannot-tell policy: warn)"
+            in warned.out)
     assert "warning: cannot tell for 2 metric(s)" in warned.err
     monkeypatch.chdir(project.path)
     assert compare_main("base", "head") == 2  # no .gputrain/benchmarks.sqlite near here

@@ -194,17 +194,18 @@ def test_a_small_temperature_wobble_stays_flat_and_ticks_are_honest() -> None:
 
 
 def test_an_oom_failure_draws_the_limit_that_was_hit() -> None:
-    """Another process held the GPU (recorded on the H200, before the probe read the allocator
-    at the failure): the memory lane stops at the failure with the bytes the error reported,
-    the budget that was left, the other process's share and the refused allocation."""
+    """Another process held the GPU (recorded on the H200, 2026-12-02): the test failed before
+    any optimizer step, so the memory lane runs from the allocator at the test's start to the
+    allocator at the failure, and shows the budget that was left, the other process's share
+    and the refused allocation."""
     case = report_cases.h200_sample("other_process_oom")
     run, failure = case.facts.records["run"][0], case.facts.records["failure"][0]
     timeline = run_timeline(run, failure, 600)
     memory = _lane(timeline, "memory")
     assert [lane["id"] for lane in timeline["lanes"]] == ["memory"]
     (table,) = memory["tables"]
-    assert table["x"] == [timeline["markers"]["failure"]["t"]]
-    assert table["series"][0]["values"] == [2.25]  # GiB allocated at the failure
+    assert table["x"] == [0, timeline["markers"]["failure"]["t"]]
+    assert [round(v, 2) for v in table["series"][0]["values"]] == [0, 2.25]  # GiB allocated
     (budget,) = [line for line in memory["lines"] if line["style"] == "limit"]
     assert budget["label"].startswith("budget 8.3 GiB (the device's memory less other")
     (band,) = memory["bands"]

@@ -2,7 +2,7 @@
 
 More Python per step (a bookkeeping loop, a per-sample transform, a logging call) is the one
 kind of host work torch's counters cannot see: no operator, kernel or copy changes. The host's
-CPU time sees it, but moves with the host's load (on the H200's busy host, 2026-12-02, 11 %
+CPU time sees it, but moves with the host's load (on the H200's busy host, 2026-12-02, 10.7 %
 between sessions of the same code); a hardware instruction counter would not, but virtual
 machines often have none. The interpreter's own count of the instructions it executed is exact
 wherever Python runs: the same code on the same input executes the same bytecodes, however busy
@@ -14,7 +14,7 @@ debugger, coverage or a profiler keep theirs); before 3.12 the calling thread's 
 with ``f_trace_opcodes`` (``sys.settrace``, which a debugger or coverage may already hold: then
 nothing is counted, and ``count_bytecodes`` says why). Only the calling thread counts: a
 sampler, a logger or a pin-memory thread runs its own Python at its own pace. Either way each
-instruction calls back into Python, about a hundred times the cost of running it, which is why
+instruction calls back into Python, many times the cost of running it, which is why
 this runs in the untimed counting pass, over few steps.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 # 2 profiler, 5 optimizer; 3 and 4 have no owner by convention.
 FREE_TOOL_IDS = (3, 4)
 TOOL_NAME = "pytest-gputrain bytecode count"
-# Counting slows Python a hundredfold: after this long, no further step is counted.
+# Counting slows Python many times over: after this long, no further step is counted.
 COUNTING_TIME_S = 5.0
 FUNCTIONS_KEPT = 200  # the functions that executed the most, per step: a wrapper of a few
 # bytecodes is among them in a step of some hundred functions
