@@ -90,6 +90,7 @@ CASES = {case.name: case for case in (
     Case("convnext-adamw", "convnext_tiny", "adamw", 8, 128),
     Case("convnext-sgd", "convnext_tiny", "sgd", 8, 128),
     Case("gpt-adamw", "gpt", "adamw", 8, 128),
+    Case("gpt-sgd", "gpt", "sgd", 8, 128),
     Case("product", "product", "adamw", 14, 64, tuned_on=True),  # not in the default run
 )}
 DEFAULT_CASES = [name for name in CASES if name != "product"]
@@ -543,9 +544,9 @@ def markdown(data: dict[str, Any]) -> str:
         "| case | model | optimizer | precision | budget GiB | probes (batch: GiB outside "
         "the optimizer step) | update GiB | predicted | true largest | ratio | ladder OOMs | "
         "allocator OOMs | left by probes GiB | verified peak GiB | peak at true largest GiB | "
-        "waste replayed at the prediction GiB | prediction in a fresh process | boundary run "
-        "again | processes | verdict |",
-        "|" + "---|" * 20,
+        "waste counted by | waste replayed at the prediction GiB | prediction in a fresh process | "
+        "boundary run again | processes | verdict |",
+        "|" + "---|" * 21,
     ]
     for name, entry in data["cases"].items():
         config = entry.get("config", {})
@@ -566,7 +567,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"{entry.get('ladder_ooms', '–')} | {prediction.get('allocator_ooms', '–')} | "
             f"{_gib(prediction.get('left_by_probes'))} | "
             f"{_gib(prediction.get('verified_peak'))} | {_gib(at_true)} | "
-            f"{_gib(_waste(prediction))} | {_outcome(entry.get('fresh_at_prediction'))} | "
+            f"{prediction.get('waste_by') or '–'} | {_gib(_waste(prediction))} | "
+            f"{_outcome(entry.get('fresh_at_prediction'))} | "
             f"{_boundary(entry.get('boundary'))} | "
             f"{len(entry.get('trials', [])) + bool(prediction)} | {verdict(entry)} |")
     if "seconds" in data:

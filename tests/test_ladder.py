@@ -881,6 +881,7 @@ def test_the_rung_replays_each_probe_and_predicts_past_the_allocators_waste(
     modelled.allocator = allocator
     result = modelled.make(monkeypatch).largest_batch("bf16", start_batch=32, budget=budget)
     assert result.replay_note == "" and None not in result.probe_rooms
+    assert result.waste_by == "forecast"  # every probe made the same allocations
     assert all(room_ > peak for room_, (_, peak) in zip(result.probe_rooms, result.probes,
                                                         strict=True))
     assert result.verified and not result.note, result.note

@@ -9,6 +9,7 @@ tests/gpu/test_probe_recompute_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,20 @@ def test_cuda_readings_give_the_cost_and_the_peak_without_checkpointing() -> Non
     assert facts.time_per_step == 0.02 and facts.step_percent == 20.0
     assert facts.activation_bytes == 6 * GiB
     assert facts.peak_without == 9 * GiB and facts.peak_without_percent == round(900 / 140, 2)
+
+
+def test_a_host_running_ahead_of_the_gpu_is_measured_by_the_steps_own_events() -> None:
+    # A GPU-bound loop without a sync: the host's steps take 13 ms while each step queues
+    # 140 ms of GPU work, 38 ms of it recomputation (the 8 x 4096 MLP on the H200).
+    readings = RecomputeReadings(
+        calls=28, recomputes=28, clock="CUDA events", timed_steps=[8, 9, 10, 11],
+        seconds={8: 0.038, 9: 0.038, 10: 0.038, 11: 0.038},
+        step_seconds={8: 0.14, 9: 0.14, 10: 0.141, 11: 0.139})
+    facts = recompute_facts(readings, _steps([0.013] * 24), peak=100, budget=1000)
+    assert facts.step_time == 0.14 and facts.step_percent == round(100 * 0.038 / 0.14, 2)
+    host = recompute_facts(dataclasses.replace(readings, step_seconds={}),
+                           _steps([0.013] * 24), peak=100, budget=1000)
+    assert host.step_time == 0.013 and host.step_percent == 100.0  # what the host's clock says
 
 
 def test_a_step_timed_in_part_or_not_steady_is_left_out() -> None:

@@ -27,6 +27,12 @@ above the whole step's peak, the allocator's waste, gets a line of its own throu
 largest probes that measured it, and is added to each phase's line; what is left of the budget
 (MARGIN) is for what a line through probes cannot see. Where no probe was replayed, a fixed
 share of the budget (UNREPLAYED_MARGIN) stands for the waste, as it did before the replay.
+
+The waste need not grow in step with the batch (which block a request splits, which segment a
+live block pins, changes with the sizes). Where the probes made the same allocations in the
+same order, only of other sizes, the predicted batch's own allocations are forecast from them
+and replayed (allocation_forecast.py): the prediction is then the largest batch whose forecast
+fits, and the waste line is not used.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ MARGIN = 0.01
 # and of the sample project came to 98.9 % and 99.9 % of the budget in allocated bytes; those of
 # ViT-B/16 (AdamW) and of a GPT-style language model to 97.2 % and 95.6 %: not covered.
 UNREPLAYED_MARGIN = 0.02
+# How far below where the phase lines alone meet the budget a forecast is looked for: the
+# waste, in samples (on the H200 the GPT-style model's 8 samples, 364 MiB at 46 MiB each).
+MAX_FORECAST = 64
 # The retry's margin where the verification's shortfall could not be measured.
 FALLBACK_MARGIN = 0.06
 # Past the three planned probes, more (up to MAX_PROBES) while the two largest are still flat:
@@ -74,6 +83,7 @@ class StepPeaks:
 
 
 Probe = tuple[int, StepPeaks]  # (batch size, its peaks)
+Fits = Callable[[int, int], bool]  # (batch, limit): whether its forecast allocations fit
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,23 @@ def predict(probes: Sequence[Probe], budget: int, safety: float | None = None) -
     safety = margin(probes) if safety is None else safety
     limits = [predict_largest(fit, budget, safety) for fit in requirement_lines(probes)]
     return min((limit for limit in limits if limit is not None), default=None)
+
+
+def predict_by_forecast(probes: Sequence[Probe], budget: int, fits: Fits) -> int | None:
+    """Largest batch whose forecast allocations fit under ``budget`` less MARGIN (``fits(batch,
+    limit)``, allocation_forecast.py): the batch's own waste, where the waste line has only
+    the probes'. Looked for from where the phase lines alone meet the budget less MARGIN down
+    to MAX_FORECAST below it (never below the largest probe); None where none fits."""
+    upper = predict(_without_rooms(probes), budget, MARGIN)
+    if upper is None:
+        return None
+    lowest = max(max(batch for batch, _ in probes), upper - MAX_FORECAST)
+    limit = math.floor(budget * (1 - MARGIN))
+    return next((batch for batch in range(upper, lowest - 1, -1) if fits(batch, limit)), None)
+
+
+def _without_rooms(probes: Sequence[Probe]) -> list[Probe]:
+    return [(batch, StepPeaks(peaks.outside, peaks.optimizer)) for batch, peaks in probes]
 
 
 def step_down(probes: Sequence[Probe], budget: int, attempt: int,

@@ -21,12 +21,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_gputrain.ladder.allocation_forecast import AllocationForecast
 from pytest_gputrain.ladder.allocator_history import AllocatorHistory
+from pytest_gputrain.ladder.allocator_model import Recording
 from pytest_gputrain.ladder.headroom import (
     MARGIN,
     Probe,
     StepPeaks,
+    margin,
     predict,
+    predict_by_forecast,
     step_down,
     take_probes,
 )
@@ -94,6 +98,10 @@ class HeadroomRecord:
     probe_rooms: list[int | None] = field(default_factory=list)
     verified_room: int | None = None
     replay_note: str = ""  # why a probe's allocations were not replayed ("": all were)
+    # How the allocator's waste entered the prediction: "forecast" (the predicted batch's own
+    # allocations, forecast from the probes' and replayed), "waste line" (a line through the
+    # probes' replayed waste), "fixed margin" (nothing replayed); "" where nothing was predicted.
+    waste_by: str = ""
 
 
 @dataclass
@@ -245,17 +253,24 @@ class Ladder:
         dev = self._device(device)
         budget = budget if budget is not None else memory_budget(dev)
         held_before = _settled_reserved(torch, dev)
-        probes, not_replayed = self._probes(dev, precision, start_batch, budget)
+        probes, not_replayed, recordings = self._probes(dev, precision, start_batch, budget)
         left_by_probes = max(0, _settled_reserved(torch, dev) - held_before)
         # What this process still has: the prediction is verified here, in what is left.
         room = budget - left_by_probes
+        forecast = AllocationForecast.of(recordings) if not not_replayed else None
+        del recordings  # a few MB of events each: not kept past the prediction
+        by_forecast = predict_by_forecast(probes, room, forecast.fits) if forecast else None
+        predicted = by_forecast if by_forecast is not None else predict(probes, room)
+        waste_by = ("forecast" if by_forecast is not None else
+                    "waste line" if margin(probes) == MARGIN else "fixed margin")
         record = HeadroomRecord(
             precision=precision, budget=budget,
             probes=[(batch, peaks.outside) for batch, peaks in probes],
             optimizer_peaks=[peaks.optimizer for _, peaks in probes],
-            predicted=predict(probes, room), verified=False, verified_peak=None,
+            predicted=predicted, verified=False, verified_peak=None,
             left_by_probes=left_by_probes, probe_rooms=[peaks.room for _, peaks in probes],
-            replay_note=not_replayed[0] if not_replayed else "")
+            replay_note=not_replayed[0] if not_replayed else "",
+            waste_by=waste_by if predicted is not None else "")
         missed: list[str] = []
         if left_by_probes > max(budget * MARGIN, LIBRARY_WORKSPACES):
             missed.append(
@@ -295,10 +310,11 @@ class Ladder:
         _release(torch, dev)
         return record
 
-    def _probes(self, device: Any, precision: str, start_batch: int,
-                budget: int) -> tuple[list[Probe], list[str]]:
+    def _probes(self, device: Any, precision: str, start_batch: int, budget: int
+                ) -> tuple[list[Probe], list[str], list[tuple[int, Recording]]]:
         """The probes, each a new model's and optimizer's first two steps in an emptied
-        allocator (nothing here outlives the call), and why any was not replayed."""
+        allocator (nothing here outlives the call), why any was not replayed, and the
+        recordings of those that were."""
         runs: list[_Run] = []
 
         def peaks_of(batch: int) -> StepPeaks:
@@ -312,7 +328,9 @@ class Ladder:
 
         first = peaks_of(start_batch)
         probes = take_probes(start_batch, first, runs[0].held, budget, peaks_of)
-        return probes, [run.why_not_replayed for run in runs if run.why_not_replayed]
+        recordings = [(batch, run.recording) for (batch, _), run in zip(probes, runs, strict=True)
+                      if run.recording is not None]
+        return probes, [run.why_not_replayed for run in runs if run.why_not_replayed], recordings
 
     def _fresh_run(self, device: Any, precision: str, batch: int, budget: int) -> _Run:
         """Two steps at ``batch`` of a new model and optimizer, in an allocator emptied first,
@@ -340,8 +358,9 @@ class Ladder:
             pass  # the run's frames go with the error, here; history.short_by says by how much
         if peaks is not None and history.room is not None:
             peaks = dataclasses.replace(peaks, room=history.room)
+        replayed = history.recording if history.room is not None else None
         return _Run(peaks=peaks, held=held, short_by=history.short_by,
-                    why_not_replayed=history.why_not)
+                    why_not_replayed=history.why_not, recording=replayed)
 
     def _peaks(self, model: Any, optimizer: Any, device: Any, precision: str,
                batch: int) -> StepPeaks:
@@ -367,6 +386,7 @@ class _Run:
     held: int  # bytes allocated after its steps, with its model and optimizer alive
     short_by: int | None  # where it ran out of memory: the bytes it lacked, if measured
     why_not_replayed: str  # "" where its allocations were replayed
+    recording: Recording | None = None  # its allocator history, where replayed
 
 
 def _detached(value: Any) -> Any:

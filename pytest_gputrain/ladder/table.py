@@ -76,6 +76,8 @@ def summary_lines(results: LadderResults) -> list[str]:
                    if item.verified else f"NOT verified{note}")
         if item.replay_note:
             verdict += f" (the allocator's waste not replayed: {item.replay_note})"
+        elif item.waste_by == "forecast":
+            verdict += " (the allocator's waste: this batch's allocations forecast and replayed)"
         lines.append(
             f"largest batch that fits ({item.precision}, budget {format_bytes(item.budget)}): "
             f"{item.predicted} — predicted from {len(item.probes)} probes [{probes}]{update}, "

@@ -35,9 +35,13 @@ class RecomputeFacts(FactGroup):
                                  "between two events around each), or the host clock on the "
                                  "CPU")
     time_per_step: float | None = fact("s", "recomputation time per timed step")
+    step_time: float | None = fact(
+        "s", "the timed steps' own time: on CUDA between events at the step boundaries before "
+             "and after each (the GPU stream's time, which the host's clock misses where it "
+             "runs ahead of the GPU), else the median steady step's time")
     step_percent: float | None = fact(
-        "%", "recomputation time per timed step / the median steady step's time: the cost of "
-             "checkpointing, its saved-tensor hooks' host time left out")
+        "%", "recomputation time per timed step / step_time: the cost of checkpointing, its "
+             "saved-tensor hooks' host time left out")
     activation_bytes: int | None = fact(
         "bytes", "allocated bytes the recomputed segments of one backward added, summed (the "
                  "largest backward timed): the activations checkpointing keeps from being held "
@@ -72,19 +76,27 @@ def recompute_facts(readings: RecomputeReadings, steps: StepSeries, peak: int | 
         total = sum(readings.seconds[step] for step in timed)
         facts.timed_steps = len(timed)
         facts.time_per_step = round(total / len(timed), 6)
-        # The pace of the steady steps, not the timed steps' own host times: on a GPU-bound
-        # step the host runs ahead of the GPU until the launch queue fills, so a few steps'
-        # host times can be far shorter than the GPU time of what they queued (an 8 x 4096 MLP
-        # at batch 8192 on the H200: its recomputation alone "took" over 100 % of them)
-        steady = sorted(steps.times[step] for step in range(count)
-                        if step >= warmup and steps.flags[step] is StepFlag.STEADY)
-        pace = steady[len(steady) // 2] if steady else 0.0
-        if pace > 0:
-            facts.step_percent = round(min(100.0, 100.0 * facts.time_per_step / pace), 2)
+        # What the recomputation is a share of: the same steps' time on the GPU stream. On a
+        # GPU-bound step without a sync the host runs ahead of the GPU, and its step times can
+        # be far shorter than the GPU time of what they queued (an 8 x 4096 MLP at batch 8192
+        # on the H200: its recomputation alone "took" over 100 % of the host's step).
+        on_gpu = [step for step in timed if step in readings.step_seconds]
+        if on_gpu:
+            facts.step_time = round(
+                sum(readings.step_seconds[step] for step in on_gpu) / len(on_gpu), 6)
+            share = sum(readings.seconds[step] for step in on_gpu) / len(on_gpu)
+        else:  # the host clock (the CPU, or steps whose boundaries had no events)
+            steady = sorted(steps.times[step] for step in range(count)
+                            if step >= warmup and steps.flags[step] is StepFlag.STEADY)
+            facts.step_time = steady[len(steady) // 2] if steady else None
+            share = facts.time_per_step
+        if facts.step_time:
+            facts.step_percent = round(min(100.0, 100.0 * share / facts.step_time), 2)
     else:
         why = (f"no steady step after the warm-up recomputed a segment ({count} steps, "
                "the profiler window's left out)")
         facts.mark_unknown("time_per_step", why)
+        facts.mark_unknown("step_time", why)
         facts.mark_unknown("step_percent", why)
     backwards = [grown for (step, _), grown in readings.activations.items() if step in timed]
     if not backwards:

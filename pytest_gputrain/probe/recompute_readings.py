@@ -32,7 +32,11 @@ The stack is walked once per test.
 The recomputations of the first ``MAX_TIMED_STEPS`` steady steps after the warm-up (not in the
 profiler window nor the step after it, not the first of an epoch) are timed: on CUDA by a pair of
 events on the current stream around each one, read once when the test ends (no sync while it
-trains); on the CPU by the host clock. Around each timed one on CUDA the allocator's allocated
+trains); on the CPU by the host clock. On CUDA the timed steps themselves are timed the same way,
+by an event at the step boundary before and after each (one event per step boundary from the
+first recomputation seen until the last timed step ends): a GPU-bound loop without a sync runs
+its host ahead of the GPU, and the host's step times then say nothing of what the GPU spent.
+Around each timed one on CUDA the allocator's allocated
 bytes are read (host-side counters, no sync): what the segments of one backward allocated while
 recomputed is the activation memory checkpointing keeps from being held at once. Per untimed
 recomputation the cost is a counter and a comparison.
@@ -103,6 +107,12 @@ class RecomputeWatch:
         self._timed = 0  # recomputations timed so far
         self._events: list[tuple[int, Any, Any]] = []  # (step index, start, end) CUDA events
         self._memory: dict[int, Callable[[], tuple[int, int]]] = {}  # per CUDA device
+        # The step boundaries on the GPU: RunProbe calls at_boundary() while this is True (from
+        # the first recomputation on CUDA until the last timed step has ended).
+        self.step_clock = False
+        self._device: Any = None  # where the first recomputation ran: None until one did
+        self._boundary: tuple[int, Any] | None = None  # (steps done, its event): the last one
+        self._step_events: list[tuple[int, Any, Any]] = []  # (step index, start, end) events
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -119,20 +129,44 @@ class RecomputeWatch:
     def stop(self, cuda_ok: bool) -> None:
         """Read the CUDA timings back; later recomputations (a graph kept past the test) pass
         through untouched."""
-        self._closed = True
+        self._closed, self.step_clock = True, False
         events, self._events = self._events, []
+        steps, self._step_events, self._boundary = self._step_events, [], None
         if not events:
             return
         if not cuda_ok:
             self.readings.unread = "the CUDA context was unusable when the test ended"
             return
-        seconds = self.readings.seconds
+        seconds, step_seconds = self.readings.seconds, self.readings.step_seconds
         try:
             for step, start, end in events:
                 end.synchronize()
                 seconds[step] = seconds.get(step, 0.0) + start.elapsed_time(end) / 1000.0
+            for step, start, end in steps:
+                end.synchronize()
+                step_seconds[step] = start.elapsed_time(end) / 1000.0
         except Exception as exc:
             self.readings.unread = f"reading the recomputations' CUDA events: {exc}"
+
+    def at_boundary(self, count: int) -> None:
+        """A step boundary (``count`` steps done), while ``step_clock``: an event on the stream
+        of the recomputations' device; a timed step gets the events before and after it."""
+        try:
+            cuda = self.torch.cuda
+            event = cuda.Event(enable_timing=True)
+            event.record(cuda.current_stream(self._device))
+        except Exception as exc:
+            self.step_clock = False
+            self.probe.fail("timing a checkpointed step", exc)
+            return
+        ended, before = count - 1, self._boundary
+        timed = self.readings.timed_steps
+        if before is not None and before[0] == ended and ended in timed and ended != (
+                self.readings.cut):
+            self._step_events.append((ended, before[1], event))
+        self._boundary = (count, event)
+        if len(timed) >= MAX_TIMED_STEPS and ended >= timed[-1]:
+            self.step_clock = False  # every timed step has ended: no more events
 
     # -- the wrappers ---------------------------------------------------------------------------
 
@@ -194,6 +228,8 @@ class RecomputeWatch:
             return function(*args, **kwargs)
         readings.recomputes += 1
         step = len(self._record.steps.times)
+        if self._device is None:
+            self._first_device(args)
         if not self._times(step):
             return function(*args, **kwargs)
         try:
@@ -213,6 +249,18 @@ class RecomputeWatch:
             return function(*args, **kwargs)
         finally:
             readings.seconds[step] = readings.seconds.get(step, 0.0) + self._clock() - started
+
+    def _first_device(self, args: tuple[Any, ...]) -> None:
+        """The first recomputation's device; on CUDA the step boundaries are timed from here on
+        (the boundary before the first timed step must already have its event)."""
+        try:
+            tensor = first_tensor(args)
+            self._device = tensor.device if tensor is not None else False
+            if tensor is not None and tensor.is_cuda and not self._capturing():
+                self.step_clock = True
+        except Exception as exc:
+            self._device = False
+            self.probe.fail("torch.utils.checkpoint recomputation", exc)
 
     def _times(self, step: int) -> bool:
         """Whether the recomputation under way is timed: all those of a chosen step are; the

@@ -20,6 +20,9 @@ class RecomputeReadings:
     cut: int | None = None  # a timed step whose timing stopped at the cap (left out)
     clock: str | None = None  # "CUDA events" or "host clock"
     seconds: dict[int, float] = field(default_factory=dict)  # step index -> recomputation time
+    # step index -> the whole step's time on the GPU stream (CUDA events at the step boundaries
+    # before and after it): what the recomputation is a share of, where the host runs ahead
+    step_seconds: dict[int, float] = field(default_factory=dict)
     # (step index, grad-mode top-level forwards so far) -> bytes the allocator held more after
     # the step's recomputations than before: one backward's recomputed activations (CUDA only)
     activations: dict[tuple[int, int], int] = field(default_factory=dict)

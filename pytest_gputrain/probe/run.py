@@ -336,6 +336,8 @@ class RunProbe:
         steps = record.steps
         if count - 1 == self.updates.due:  # before the memory reading: its copies are freed
             self.updates.after_step(record.optimizers.primary)
+        if self.recompute.step_clock:
+            self.recompute.at_boundary(count)
         read_memory = self._read_memory
         if read_memory is not None and steps.allocated_due(count - 1):
             steps.add_allocated(*read_memory())

@@ -12,14 +12,16 @@ from dataclasses import dataclass
 from pytest_gputrain.engine.expr.errors import ConditionError, EvaluationError
 from pytest_gputrain.engine.expr.limits import MAX_LENGTH
 from pytest_gputrain.engine.expr.parser import Parser
-from pytest_gputrain.engine.expr.tree import Expr, Name
+from pytest_gputrain.engine.expr.tree import Call, Expr, Name, Node
 from pytest_gputrain.engine.expr.values import plain
 
 
 @dataclass(frozen=True, slots=True)
 class _Placeholder:
     expr: Expr
-    name: str | None  # the fact name when the placeholder is just a name (it has a unit)
+    # The facts whose unit the value takes: the placeholder's one name, or every name of a
+    # ``coalesce`` of names (their unit where they share one: a measured time, else an estimate)
+    names: tuple[str, ...]
 
 
 class Template:
@@ -62,9 +64,19 @@ class Template:
                 # A message must still be shown when one placeholder cannot be computed.
                 out.append(f"<error: {exc}>")
                 continue
-            unit = unit_of(part.name) if part.name is not None else None
+            units = {unit_of(name) for name in part.names}
+            unit = units.pop() if len(units) == 1 else None
             out.append(format_value(plain(value), unit))
         return "".join(out)
+
+
+def _unit_names(root: Node) -> tuple[str, ...]:
+    if isinstance(root, Name):
+        return (root.name,)
+    if isinstance(root, Call) and root.function.name == "coalesce" and root.args and all(
+            isinstance(arg, Name) for arg in root.args):
+        return tuple(arg.name for arg in root.args if isinstance(arg, Name))
+    return ()
 
 
 def parse_template(text: str) -> Template:
@@ -109,7 +121,7 @@ def parse_template(text: str) -> Template:
         if literal:
             parts.append("".join(literal))
             literal = []
-        parts.append(_Placeholder(expr, root.name if isinstance(root, Name) else None))
+        parts.append(_Placeholder(expr, _unit_names(root)))
         index = end + 1
     if literal:
         parts.append("".join(literal))
