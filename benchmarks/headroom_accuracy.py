@@ -1,7 +1,7 @@
 """How close the ladder's batch-headroom prediction comes to the largest batch a fresh process
 fits, on models and optimizers the ladder's constants were not tuned on.
 
-    python benchmarks/headroom_accuracy.py --deadline 165 --out headroom.json  # ~4 min, H200
+    python benchmarks/headroom_accuracy.py --deadline 170 --out headroom.json  # ~4 min, H200
     python benchmarks/headroom_accuracy.py --cases resnet50-adamw,vit-sgd --out headroom.json
     python benchmarks/headroom_accuracy.py --device cpu --out smoke.json   # the plumbing, anywhere
 
