@@ -327,11 +327,10 @@ class RunProbe:
         return len(steps.times)
 
     def _read_step(self, count: int) -> None:
-        """The readings taken at each step boundary (``count`` steps so far): the one place
-        for them. Each must cost a few attribute reads; anything dearer is taken at evenly
-        spaced steps like the allocator's counters (``torch.cuda.memory_stats`` builds a dict
-        of some 200 entries in C++ and takes the allocator's lock: tens of µs), or every
-        ``settings_timeline.EVERY`` steps like the settings a test may change inside itself."""
+        """The readings at each step boundary (``count`` steps so far): the one place for
+        them. Each must cost a few attribute reads; anything dearer is taken at evenly spaced
+        steps like the allocator's counters (``torch.cuda.memory_stats`` builds a dict of ~200
+        entries in C++ under the allocator's lock: tens of µs), or every settings_timeline.EVERY."""
         record = self.record
         steps = record.steps
         if count - 1 == self.updates.due:  # before the memory reading: its copies are freed
