@@ -60,6 +60,16 @@ def test_probes_that_made_other_allocations_give_no_forecast() -> None:
     assert AllocationForecast.of([(8, _step(8)), (16, failed)]) is None
 
 
+def test_recordings_too_long_to_replay_quickly_give_no_forecast(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_gputrain.ladder import allocation_forecast
+
+    probes = [(8, _step(8)), (16, _step(16))]
+    assert AllocationForecast.of(probes) is not None
+    monkeypatch.setattr(allocation_forecast, "MAX_EVENTS", len(_step(8).events) - 1)
+    assert AllocationForecast.of(probes) is None
+
+
 def test_the_largest_fitting_batch_is_found_going_down() -> None:
     forecast = AllocationForecast.of([(8, _step(8)), (16, _step(16)), (32, _step(32))])
     assert forecast is not None

@@ -33,9 +33,10 @@ from pytest_gputrain.ladder.allocator_model import Event, Recording, replay
 # Sizes on one line through every probe, each within this share of it (and 512 bytes: the
 # allocator's rounding): an allocation that grows with the batch.
 ON_LINE = 0.01
-# The longest recording forecast (a replay of a few thousand events takes milliseconds; the
-# batches scanned each take one).
-MAX_EVENTS = 500_000
+# The longest recording forecast. A replay takes about 3.5 µs an event (15 ms for the GPT-style
+# model's 3,714), one per batch looked at (a few; at most headroom.MAX_FORECAST): 0.7 s each
+# at this length.
+MAX_EVENTS = 200_000
 
 
 @dataclass(frozen=True)
