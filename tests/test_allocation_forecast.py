@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from recorded_facts import FACTS_DIR
 
-from pytest_gputrain.ladder.allocation_forecast import AllocationForecast, largest_fitting
+from pytest_gputrain.ladder.allocation_forecast import AllocationForecast
 from pytest_gputrain.ladder.allocator_model import Event, Recording, replay, round_size
 from pytest_gputrain.ladder.headroom import StepPeaks, predict, predict_by_forecast
 
@@ -70,14 +70,23 @@ def test_recordings_too_long_to_replay_quickly_give_no_forecast(
     assert AllocationForecast.of(probes) is None
 
 
-def test_the_largest_fitting_batch_is_found_going_down() -> None:
-    forecast = AllocationForecast.of([(8, _step(8)), (16, _step(16)), (32, _step(32))])
-    assert forecast is not None
-    limit = 1024 * MiB
-    found = largest_fitting(forecast, 200, 32, limit)
-    assert found is not None and forecast.fits(found, limit)
-    assert not any(forecast.fits(batch, limit) for batch in range(found + 1, 201))
-    assert largest_fitting(forecast, 200, 190, limit) is None
+def test_the_prediction_is_the_largest_batch_that_fits_going_down() -> None:
+    """A batch's waste need not grow with it: the first batch found going down from where the
+    lines alone meet the budget, not the first that fails going up."""
+    budget = 1000 * MiB
+    probes = [(batch, StepPeaks(outside=100 * MiB + batch * MiB)) for batch in (10, 300, 600)]
+    assert predict(probes, budget, 0.01) == 890  # the lines alone, 1 % kept
+    fitting = {880, 870, 860, 700}
+    asked: list[tuple[int, int]] = []
+
+    def fits(batch: int, limit: int) -> bool:
+        asked.append((batch, limit))
+        return batch in fitting
+
+    assert predict_by_forecast(probes, budget, fits) == 880
+    assert asked[0] == (890, int(budget * 0.99)) and len(asked) == 11
+    fitting.clear()  # none within 64 samples of it: no forecast prediction
+    assert predict_by_forecast(probes, budget, fits) is None
 
 
 # -- the H200's recordings ------------------------------------------------------------------------

@@ -119,13 +119,3 @@ def _size_line(batches: Sequence[int], seen: Sequence[int], low_size: int, low: 
         return _Size(high, high_size, per_sample)
     return _Size(high, max(seen))  # a size that changes but not with the batch: the largest
 
-
-def largest_fitting(forecast: AllocationForecast, upper: int, lower: int,
-                    limit: int) -> int | None:
-    """The largest batch from ``upper`` down to ``lower`` whose forecast allocations fit under
-    ``limit`` (the first found going down: a batch's waste need not grow with it, so a larger
-    one can fit where a smaller one does not); None when none does."""
-    for batch in range(upper, max(lower, 0) - 1, -1):
-        if forecast.fits(batch, limit):
-            return batch
-    return None
