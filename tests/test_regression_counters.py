@@ -355,7 +355,7 @@ def test_an_extra_operator_per_step_fails_the_gate_and_is_named(
         "*test_step.py::test_step*ops*exact*REGRESSION (> 0 %)*",
         "*REGRESSION test_step.py::test_step ops: +2 ATen operators per step (aten::mul ×2), "
         "past any rise; exact*",
-        "*performance regression: test_step.py::test_step ops*",
+        "*performance regression:*test_step.py::test_step ops*",
     ])
     text = summary.read_text()
     assert "### What each test does per step" in text
