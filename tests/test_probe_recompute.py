@@ -297,3 +297,53 @@ def test_unread_timings_and_untimed_runs_are_unknown_with_the_reason() -> None:
     assert "warm-up" in short.unknown["time_per_step"]
     none = recompute_facts(RecomputeReadings(), _steps([0.1] * 4), peak=100, budget=1000)
     assert none.recomputes == 0 and none.unknown == {}
+
+
+class _FakeEvent:
+    """A CUDA event as the watch uses it: recorded on a stream; its time is set by the test."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at: float | None = None
+
+    def record(self, stream: object = None) -> None:
+        self.at = _FakeEvent.clock
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1000.0
+
+    clock = 0.0
+
+
+def test_the_timed_steps_boundaries_are_paired_and_the_events_stop_after_the_last() -> None:
+    """An event at each step boundary from the first recomputation on: a timed step gets the
+    boundary before it and the one after it; once the four timed steps have ended, no more."""
+    from types import SimpleNamespace
+
+    from pytest_gputrain.probe.recompute_readings import MAX_TIMED_STEPS, RecomputeWatch
+
+    cuda = SimpleNamespace(Event=_FakeEvent, current_stream=lambda device=None: None,
+                           is_current_stream_capturing=lambda: False)
+    fake_torch = SimpleNamespace(cuda=cuda)
+    readings = RecomputeReadings(timed_steps=[3, 4, 6, 7])
+    probe = SimpleNamespace(record=SimpleNamespace(recompute=readings), disabled=False,
+                            fail=lambda where, exc: pytest.fail(f"{where}: {exc}"))
+    watch = RecomputeWatch(fake_torch, probe)
+    watch.step_clock, watch._device = True, "cuda:0"
+    recomputed = [(step, _FakeEvent(), _FakeEvent()) for step in readings.timed_steps]
+    for _, start, end in recomputed:  # 20 ms of each step recomputed
+        start.at, end.at = 0.0, 0.02
+    watch._events = recomputed
+    recorded = 0
+    for count in range(1, 20):  # the boundary after step count - 1, 0.1 s a step
+        _FakeEvent.clock = 0.1 * count
+        if watch.step_clock:
+            watch.at_boundary(count)
+            recorded += 1
+    assert len(readings.timed_steps) == MAX_TIMED_STEPS and recorded == 8  # up to step 7's end
+    watch.stop(cuda_ok=True)
+    assert readings.unread is None
+    assert readings.step_seconds == pytest.approx({3: 0.1, 4: 0.1, 6: 0.1, 7: 0.1})

@@ -36,10 +36,10 @@ trains); on the CPU by the host clock. On CUDA the timed steps themselves are ti
 by an event at the step boundary before and after each (one event per step boundary from the
 first recomputation seen until the last timed step ends): a GPU-bound loop without a sync runs
 its host ahead of the GPU, and the host's step times then say nothing of what the GPU spent.
-Around each timed one on CUDA the allocator's allocated
-bytes are read (host-side counters, no sync): what the segments of one backward allocated while
-recomputed is the activation memory checkpointing keeps from being held at once. Per untimed
-recomputation the cost is a counter and a comparison.
+Around each timed recomputation on CUDA the allocator's allocated bytes are read (host-side
+counters, no sync): what the segments of one backward allocated while recomputed is the
+activation memory checkpointing keeps from being held at once. Per untimed recomputation the
+cost is a counter and a comparison.
 
 Built into ``run.recompute.*`` by ``recompute_facts.py``.
 """
@@ -165,8 +165,11 @@ class RecomputeWatch:
                 self.readings.cut):
             self._step_events.append((ended, before[1], event))
         self._boundary = (count, event)
-        if len(timed) >= MAX_TIMED_STEPS and ended >= timed[-1]:
-            self.step_clock = False  # every timed step has ended: no more events
+        # No step is chosen any more (four were, or the recomputations' cap was reached) and
+        # the last chosen has ended: no more events.
+        if (len(timed) >= MAX_TIMED_STEPS or self._timed >= MAX_TIMED) and (
+                not timed or ended >= timed[-1]):
+            self.step_clock = False
 
     # -- the wrappers ---------------------------------------------------------------------------
 
