@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 import torch
+from probed_run import probed
 from torch import nn
 
-from pytest_gputrain.probe import instrument_readings, run, torch_hooks
+from pytest_gputrain.probe import instrument_readings, run
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.habit_facts_builder import instrument_facts
 
@@ -36,16 +37,8 @@ F = nn.functional
 
 def _probed(train: Callable[[], Any], profile_steps: tuple[int, int] | None = None
             ) -> RunFacts:
-    probe = run.RunProbe(torch, "t::x", profile_steps=profile_steps, sampler=False)
-    probe.start()
-    try:
-        train()
-    finally:
-        probe.stop()
-    counts = torch_hooks.global_hook_counts(torch)
-    assert counts == {name: 0 for name in counts}, counts
-    assert probe.record.errors == []
-    return probe.facts()
+    facts: RunFacts = probed(train, profile_steps)[1]
+    return facts
 
 
 def _steps(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int,

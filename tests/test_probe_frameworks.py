@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 import torch
+from probed_run import probed
 from sample_modules import load_sample
 
 from pytest_gputrain.collect import sync_calls
-from pytest_gputrain.probe import frameworks, run, torch_hooks
+from pytest_gputrain.probe import frameworks
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.loader import LoaderTracker, token_count
 from pytest_gputrain.probe.run_record import LoaderWaits, RunRecord, StepSeries, SyncCounts
@@ -140,16 +141,7 @@ def ignore_framework_warnings(test: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _probed(train: Callable[[], Any]) -> tuple[Any, RunFacts]:
-    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
-    probe.start()
-    try:
-        result = train()
-    finally:
-        probe.stop()
-    counts = torch_hooks.global_hook_counts(torch)
-    assert counts == {name: 0 for name in counts}, counts
-    assert probe.record.errors == []
-    return result, probe.facts()
+    return probed(train)
 
 
 @ignore_framework_warnings

@@ -16,15 +16,14 @@ from typing import Any
 
 import pytest
 import torch
+from probed_run import probed
 from sample_modules import load_sample
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
-from pytest_gputrain.probe import run
 from pytest_gputrain.probe.facts import RunFacts
 from pytest_gputrain.probe.recompute_facts import recompute_facts
 from pytest_gputrain.probe.recompute_record import RecomputeReadings
 from pytest_gputrain.probe.run_record import StepFlag, StepSeries
-from pytest_gputrain.probe.torch_hooks import global_hook_counts
 
 HELDOUT = Path(__file__).resolve().parents[1] / "sample_projects" / "heldout"
 WIDTH, BLOCKS, STEPS = 32, 4, 8
@@ -40,16 +39,8 @@ class Block(torch.nn.Module):
 
 
 def _probed(train: Callable[[], Any]) -> RunFacts:
-    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
-    probe.start()
-    try:
-        train()
-    finally:
-        probe.stop()
-    counts = global_hook_counts(torch)
-    assert counts == dict.fromkeys(counts, 0), counts
-    assert probe.record.errors == []
-    return probe.facts()
+    facts: RunFacts = probed(train)[1]
+    return facts
 
 
 def _loop(forward: Callable[[list[Block], torch.Tensor], torch.Tensor],

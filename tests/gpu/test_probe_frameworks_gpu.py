@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from cuda_usable import SKIP_WITHOUT_CUDA
+from probed_run import probed
 from sample_modules import load_sample
 
 pytestmark = [SKIP_WITHOUT_CUDA, pytest.mark.requires_cuda, pytest.mark.gpu,
@@ -25,21 +26,8 @@ pytestmark = [SKIP_WITHOUT_CUDA, pytest.mark.requires_cuda, pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore::FutureWarning")]
 
 
-
-
 def _probed(train: Callable[[], Any]) -> Any:
-    import torch
-
-    from pytest_gputrain.probe import run
-
-    probe = run.RunProbe(torch, "t::x", profile_steps=None, sampler=False)
-    probe.start()
-    try:
-        train()
-    finally:
-        probe.stop()
-    assert probe.record.errors == []
-    return probe.facts()
+    return probed(train)[1]
 
 
 def test_the_trainers_nan_filter_syncs_are_the_trainers_own(tmp_path: Path) -> None:
